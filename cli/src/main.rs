@@ -1,0 +1,51 @@
+//! # ladle: the command-line front of ladle
+//!
+//! In `DESIGN.md`'s picture this is the `cli/` box: thin subcommands over the library crates
+//! and nothing else. Every subcommand's logic lives in a crate; this binary parses arguments,
+//! draws progress bars and prints reports.
+
+mod dataset;
+mod demo;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+/// ladle: decode and augment a dataset once, share it with every training process on the
+/// machine.
+#[derive(Debug, Parser)]
+#[command(name = "ladle", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate, check and describe datasets.
+    #[command(subcommand)]
+    Dataset(dataset::DatasetCommand),
+    /// Show ladle at work on the embedded synthetic dataset (generated once, then cached).
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Dataset(cmd) => dataset::run(cmd),
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

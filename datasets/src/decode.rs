@@ -1,0 +1,344 @@
+//! JPEG and PNG decoding into a reused RGB u8 buffer.
+//!
+//! # Decoder choice, by measurement
+//!
+//! JPEG goes through [`zune_jpeg`] (pure Rust, SIMD). The alternative was libjpeg-turbo via
+//! the `turbojpeg` crate built from source with cmake and nasm. See the table in the
+//! crate docs ([`crate`], "Decoder choice") for the numbers measured on this project's
+//! machine; in short zune-jpeg is close enough to libjpeg-turbo that a C toolchain,
+//! cmake and nasm on every user's and CI's machine are not worth the difference, and the
+//! augmentation target is met with it.
+//!
+//! PNG goes through the [`png`] crate (the decoder `image` uses), expanded to 8-bit RGB.
+//!
+//! Grayscale, grey+alpha, RGBA, CMYK and YCCK inputs all come out as RGB; alpha is dropped.
+//! A decoder that panics on hostile input is caught and reported as
+//! [`DecodeError::Panicked`], so bad input is always an error value.
+
+use std::io::Cursor;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
+use zune_jpeg::JpegDecoder;
+
+use crate::error::DecodeError;
+
+/// The largest width or height accepted, a guard against decompression bombs.
+pub const MAX_SIDE: u32 = 16_384;
+
+/// What a record's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// A JPEG (starts with `FF D8 FF`).
+    Jpeg,
+    /// A PNG (starts with the 8-byte PNG signature).
+    Png,
+}
+
+impl ImageKind {
+    /// Sniffs the format from the first bytes.
+    pub fn sniff(bytes: &[u8]) -> Option<Self> {
+        if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some(Self::Jpeg)
+        } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some(Self::Png)
+        } else {
+            None
+        }
+    }
+}
+
+/// A decoded RGB u8 image, HWC, borrowed from the decoder's buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct RgbImage<'a> {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// `height × width × 3` bytes, row-major, RGB.
+    pub pixels: &'a [u8],
+}
+
+/// A reusable decoder: keeps its output buffer between images so that steady-state decoding
+/// does not grow memory. One per thread.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    rgb: Vec<u8>,
+    /// PNG scratch (the PNG's own layout before conversion to RGB).
+    png: Vec<u8>,
+}
+
+impl Decoder {
+    /// A decoder with empty buffers; they grow to the largest image seen.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes a JPEG or PNG into RGB.
+    pub fn decode(&mut self, bytes: &[u8]) -> Result<RgbImage<'_>, DecodeError> {
+        let kind = ImageKind::sniff(bytes).ok_or_else(|| DecodeError::UnknownFormat {
+            magic: bytes.iter().take(8).copied().collect(),
+        })?;
+        let (width, height) = catch_unwind(AssertUnwindSafe(|| match kind {
+            ImageKind::Jpeg => decode_jpeg(bytes, &mut self.rgb),
+            ImageKind::Png => decode_png(bytes, &mut self.png, &mut self.rgb),
+        }))
+        .map_err(|panic| DecodeError::Panicked(panic_message(&panic)))??;
+        let len = width as usize * height as usize * 3;
+        Ok(RgbImage {
+            width,
+            height,
+            pixels: &self.rgb[..len],
+        })
+    }
+
+    /// Converts a planar CHW record (CIFAR's layout) into interleaved RGB.
+    pub fn from_planar(
+        &mut self,
+        planar: &[u8],
+        width: u32,
+        height: u32,
+    ) -> Result<RgbImage<'_>, DecodeError> {
+        let plane = width as usize * height as usize;
+        if planar.len() != plane * 3 {
+            return Err(DecodeError::RawSize {
+                len: planar.len(),
+                expected: plane * 3,
+            });
+        }
+        resize_buffer(&mut self.rgb, plane * 3);
+        let (r, rest) = planar.split_at(plane);
+        let (g, b) = rest.split_at(plane);
+        for (((px, &r), &g), &b) in self.rgb.chunks_exact_mut(3).zip(r).zip(g).zip(b) {
+            px.copy_from_slice(&[r, g, b]);
+        }
+        Ok(RgbImage {
+            width,
+            height,
+            pixels: &self.rgb[..plane * 3],
+        })
+    }
+}
+
+/// Grows `buf` to `len` bytes if needed; never shrinks, so a reused buffer stops allocating.
+fn resize_buffer(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+}
+
+fn check_side(width: u64, height: u64) -> Result<(), DecodeError> {
+    if width == 0 || height == 0 || width > u64::from(MAX_SIDE) || height > u64::from(MAX_SIDE) {
+        return Err(DecodeError::TooLarge {
+            width,
+            height,
+            max: MAX_SIDE,
+        });
+    }
+    Ok(())
+}
+
+fn decode_jpeg(bytes: &[u8], rgb: &mut Vec<u8>) -> Result<(u32, u32), DecodeError> {
+    let options = DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .set_max_width(MAX_SIDE as usize)
+        .set_max_height(MAX_SIDE as usize);
+    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder
+        .decode_headers()
+        .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+    let info = decoder
+        .info()
+        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    let (width, height) = (u32::from(info.width), u32::from(info.height));
+    check_side(u64::from(width), u64::from(height))?;
+    let len = decoder
+        .output_buffer_size()
+        .ok_or_else(|| DecodeError::Jpeg("image size overflows".into()))?;
+    if len != width as usize * height as usize * 3 {
+        return Err(DecodeError::Jpeg(format!(
+            "decoder would write {len} bytes, not RGB"
+        )));
+    }
+    resize_buffer(rgb, len);
+    decoder
+        .decode_into(&mut rgb[..len])
+        .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+    Ok((width, height))
+}
+
+fn decode_png(
+    bytes: &[u8],
+    scratch: &mut Vec<u8>,
+    rgb: &mut Vec<u8>,
+) -> Result<(u32, u32), DecodeError> {
+    let png_err = |e: png::DecodingError| DecodeError::Png(e.to_string());
+    let limits = png::Limits {
+        bytes: (MAX_SIDE as usize).pow(2),
+    };
+    let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = decoder.read_info().map_err(png_err)?;
+    let (width, height) = {
+        let info = reader.info();
+        (info.width, info.height)
+    };
+    check_side(u64::from(width), u64::from(height))?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| DecodeError::Png("image size overflows".into()))?;
+    resize_buffer(scratch, size);
+    let frame = reader.next_frame(&mut scratch[..size]).map_err(png_err)?;
+    let pixels = width as usize * height as usize;
+    resize_buffer(rgb, pixels * 3);
+    let src = &scratch[..frame.buffer_size()];
+    let dst = &mut rgb[..pixels * 3];
+    let channels = frame.color_type.samples();
+    if frame.line_size != width as usize * channels || src.len() < pixels * channels {
+        return Err(DecodeError::Png(format!(
+            "unexpected {:?} frame layout",
+            frame.color_type
+        )));
+    }
+    match frame.color_type {
+        png::ColorType::Rgb => dst.copy_from_slice(&src[..pixels * 3]),
+        png::ColorType::Rgba => {
+            for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(4)) {
+                d.copy_from_slice(&s[..3]);
+            }
+        }
+        png::ColorType::Grayscale => {
+            for (d, &s) in dst.chunks_exact_mut(3).zip(src) {
+                d.fill(s);
+            }
+        }
+        png::ColorType::GrayscaleAlpha => {
+            for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(2)) {
+                d.fill(s[0]);
+            }
+        }
+        other => {
+            return Err(DecodeError::Png(format!(
+                "unexpected colour type {other:?}"
+            )));
+        }
+    }
+    Ok((width, height))
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gradient(width: u32, height: u32) -> Vec<u8> {
+        let mut v = Vec::new();
+        for y in 0..height {
+            for x in 0..width {
+                v.extend_from_slice(&[(x * 255 / width) as u8, (y * 255 / height) as u8, 128]);
+            }
+        }
+        v
+    }
+
+    fn jpeg(rgb: &[u8], w: u16, h: u16, color: jpeg_encoder::ColorType) -> Vec<u8> {
+        let mut out = Vec::new();
+        jpeg_encoder::Encoder::new(&mut out, 95)
+            .encode(rgb, w, h, color)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn jpeg_and_png_decode_to_rgb_close_to_the_source() {
+        let src = gradient(64, 48);
+        let mut d = Decoder::new();
+        let img = d
+            .decode(&jpeg(&src, 64, 48, jpeg_encoder::ColorType::Rgb))
+            .unwrap();
+        assert_eq!(
+            (img.width, img.height, img.pixels.len()),
+            (64, 48, 64 * 48 * 3)
+        );
+        let err: u64 = img
+            .pixels
+            .iter()
+            .zip(&src)
+            .map(|(&a, &b)| a.abs_diff(b) as u64)
+            .sum();
+        assert!(
+            err / (src.len() as u64) < 4,
+            "mean abs error {}",
+            err / src.len() as u64
+        );
+
+        let mut png_bytes = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut png_bytes, 64, 48);
+            enc.set_color(png::ColorType::Rgb);
+            enc.write_header().unwrap().write_image_data(&src).unwrap();
+        }
+        let img = d.decode(&png_bytes).unwrap();
+        assert_eq!(img.pixels, &src[..]);
+    }
+
+    #[test]
+    fn grayscale_and_cmyk_jpegs_come_out_as_rgb() {
+        let gray: Vec<u8> = (0..32 * 32).map(|i| (i % 32 * 8) as u8).collect();
+        let mut d = Decoder::new();
+        let img = d
+            .decode(&jpeg(&gray, 32, 32, jpeg_encoder::ColorType::Luma))
+            .unwrap();
+        assert_eq!(img.pixels.len(), 32 * 32 * 3);
+        assert!(img.pixels.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+
+        // Pure cyan in CMYK (C=255, M=Y=K=0) is (0, 255, 255) in RGB.
+        let cmyk: Vec<u8> = [255u8, 0, 0, 0].repeat(16 * 16);
+        let img = d
+            .decode(&jpeg(&cmyk, 16, 16, jpeg_encoder::ColorType::Cmyk))
+            .unwrap();
+        let px = &img.pixels[(8 * 16 + 8) * 3..][..3];
+        assert!(
+            px[0] < 40 && px[1] > 215 && px[2] > 215,
+            "cyan decoded as {px:?}"
+        );
+    }
+
+    #[test]
+    fn garbage_truncated_and_empty_inputs_are_errors_not_panics() {
+        let mut d = Decoder::new();
+        assert!(matches!(
+            d.decode(b""),
+            Err(DecodeError::UnknownFormat { .. })
+        ));
+        assert!(matches!(
+            d.decode(b"GIF89a...."),
+            Err(DecodeError::UnknownFormat { .. })
+        ));
+        let good = jpeg(&gradient(64, 48), 64, 48, jpeg_encoder::ColorType::Rgb);
+        for cut in [3, 20, 200, good.len() / 2] {
+            // Truncated JPEGs either fail or decode with grey fill: never panic.
+            let _ = d.decode(&good[..cut]);
+        }
+        assert!(d.decode(&good[..20]).is_err());
+        assert!(d.decode(b"\x89PNG\r\n\x1a\n garbage").is_err());
+    }
+
+    #[test]
+    fn planar_records_become_interleaved() {
+        let planar: Vec<u8> = [vec![1u8; 4], vec![2u8; 4], vec![3u8; 4]].concat();
+        let mut d = Decoder::new();
+        let img = d.from_planar(&planar, 2, 2).unwrap();
+        assert_eq!(img.pixels, &[1, 2, 3].repeat(4)[..]);
+        assert!(d.from_planar(&planar[1..], 2, 2).is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! # ladle-datasets: read, decode and augment training images, fast
+//!
+//! In `DESIGN.md`'s picture this crate is the left-hand box: *dataset files → sampler →
+//! decode+augment threads*. The producer drives it to fill the shared sample ring; the
+//! benchmarks drive it to measure the per-core ceiling of the whole service; the consumer SDK
+//! never links it.
+//!
+//! - [`Dataset`]: a labelled image collection; readers for [`ImageFolder`](imagefolder),
+//!   [CIFAR-10/100 binary](cifar) and [WebDataset shards](wds); [`open`] detects which.
+//! - [`Decoder`](decode::Decoder): JPEG (baseline, progressive, any subsampling, grayscale,
+//!   CMYK) and PNG into RGB u8, in reused buffers.
+//! - [`Augmenter`](augment::Augmenter): RandomResizedCrop + flip (train) or resize + center
+//!   crop (eval), torchvision semantics, into a caller-provided buffer, deterministic from
+//!   `(seed, epoch, index)`.
+//! - [`EpochSampler`](sampler::EpochSampler): a seeded permutation per epoch.
+//! - [`Pipeline`](pipeline::Pipeline): `T` threads writing samples into a [`SampleSink`]
+//!   (the ring, later), with a [`BadSamplePolicy`].
+//! - [`synth`]: a generator of photo-like datasets in all three formats; the embedded
+//!   default of the demo, tests and benchmarks.
+//!
+//! ```
+//! use ladle_datasets::prelude::*;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let config = SynthConfig { count: 8, width: 96, height: 64, ..SynthConfig::default() };
+//! ladle_datasets::synth::generate(&config, dir.path(), &|_| {})?;
+//!
+//! let dataset = ladle_datasets::open(dir.path())?;
+//! let pipeline = PipelineConfig { threads: 2, augment: Augment::train(32), ..Default::default() }
+//!     .build()?;
+//! let sink = SlotBuffer::new(8, Augment::train(32).output_len());
+//! let order = EpochSampler::new(dataset.len(), 7).order(0);
+//! let items = order.iter().enumerate().map(|(seq, &index)| WorkItem { seq: seq as u64, index, epoch: 0 });
+//! let stats = pipeline.run(dataset.as_ref(), items, &sink)?;
+//! assert_eq!(stats.written, 8);
+//! let (pixels, label) = sink.get(0).expect("sample 0 was written");
+//! assert_eq!(pixels.len(), 32 * 32 * 3);
+//! assert_eq!(label, dataset.label(order[0])?);
+//! # Ok(()) }
+//! ```
+//!
+//! # Decoder choice
+//!
+//! DECODER_TABLE
+//!
+//! # Errors
+//!
+//! Opening a dataset fails with an [`OpenError`] (missing path, unreadable directory, a CIFAR
+//! file of the wrong size, an unparsable tar). A single bad sample (corrupt, truncated or
+//! non-image file, a tar member without a label) is a [`SampleError`] naming the file; the
+//! pipeline skips and counts it or stops, as its [`BadSamplePolicy`] says. Nothing here
+//! panics on input from outside; `fuzz/` fuzzes the decoders and readers.
+//!
+//! # Logging
+//!
+//! `tracing`: `warn` for a skipped bad sample (one line naming the file); nothing is logged
+//! on the per-sample hot path otherwise.
+
+pub mod augment;
+pub mod cifar;
+mod dataset;
+pub mod decode;
+mod error;
+pub mod imagefolder;
+pub mod inspect;
+pub mod pipeline;
+pub mod rng;
+pub mod sampler;
+pub mod synth;
+pub mod wds;
+
+pub use dataset::{Dataset, Format, RecordData, detect, open};
+pub use error::{AugmentError, DecodeError, GenerateError, OpenError, PipelineError, SampleError};
+pub use pipeline::BadSamplePolicy;
+
+/// The common case: open or generate a dataset and run the pipeline over it.
+pub mod prelude {
+    pub use crate::augment::{Augment, Augmenter};
+    pub use crate::decode::Decoder;
+    pub use crate::pipeline::{
+        BadSamplePolicy, Pipeline, PipelineConfig, SampleSink, SlotBuffer, WorkItem,
+    };
+    pub use crate::sampler::EpochSampler;
+    pub use crate::synth::SynthConfig;
+    pub use crate::{Dataset, Format, open};
+}
