@@ -13,7 +13,7 @@
 //!   crop (eval), torchvision semantics, into a caller-provided buffer, deterministic from
 //!   `(seed, epoch, index)`.
 //! - [`EpochSampler`](sampler::EpochSampler): a seeded permutation per epoch.
-//! - [`Pipeline`](pipeline::Pipeline): `T` threads writing samples into a [`SampleSink`]
+//! - [`Pipeline`](pipeline::Pipeline): `T` threads writing samples into a [`SampleSink`](pipeline::SampleSink)
 //!   (the ring, later), with a [`BadSamplePolicy`].
 //! - [`synth`]: a generator of photo-like datasets in all three formats; the embedded
 //!   default of the demo, tests and benchmarks.

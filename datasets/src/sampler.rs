@@ -1,7 +1,7 @@
 //! The per-epoch seeded permutation sampler.
 //!
 //! Epoch `e`'s order is a Fisher–Yates shuffle of `0..len` driven by
-//! [`SampleRng`](crate::rng::SampleRng) seeded from `(seed, e)`: the same seed gives the same
+//! [`SampleRng`] seeded from `(seed, e)`: the same seed gives the same
 //! order on every machine. The producer (DESIGN.md, "Epochs") builds later epochs by
 //! shuffling inside segments with [`EpochSampler::shuffle_segment`].
 

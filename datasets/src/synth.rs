@@ -335,6 +335,7 @@ pub fn generate(
         Format::WebDataset => {
             summary += write_names(&out.join("classes.txt"), &names)?;
         }
+        Format::Cifar100 => summary += write_names(&out.join("fine_label_names.txt"), &names)?,
         _ => summary += write_names(&out.join("batches.meta.txt"), &names)?,
     }
     let units = config.count.div_ceil(unit);

@@ -1,0 +1,172 @@
+//! The `ladle` binary end to end: real processes on real files.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ladle(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ladle"))
+        .args(args)
+        .output()
+        .expect("run ladle")
+}
+
+fn ok_json(args: &[&str]) -> serde_json::Value {
+    let out = ladle(args);
+    assert!(
+        out.status.success(),
+        "ladle {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+fn generate(format: &str, count: u32, out: &Path) {
+    let out = out.to_str().unwrap();
+    let c = count.to_string();
+    let args = [
+        "dataset", "generate", "--format", format, "--count", &c, "--out", out, "--width", "80",
+    ];
+    let status = ladle(&[&args[..], &["--height", "60", "--json"]].concat());
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+#[test]
+fn generate_then_inspect_works_for_all_three_formats() {
+    for format in ["imagefolder", "cifar10", "wds"] {
+        let dir = tempfile::tempdir().unwrap();
+        generate(format, 30, dir.path());
+        let report = ok_json(&["dataset", "inspect", dir.path().to_str().unwrap(), "--json"]);
+        assert_eq!(report["format"], format);
+        assert_eq!(report["samples"], 30);
+        assert_eq!(report["classes"], 10);
+        assert_eq!(report["bad_files"], serde_json::json!([]));
+    }
+}
+
+#[test]
+fn inspect_lists_planted_bad_files_by_path_and_still_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    generate("imagefolder", 20, dir.path());
+    let bad_jpg = dir.path().join("amber/broken.jpg");
+    std::fs::write(&bad_jpg, b"\xff\xd8\xff\xe0 not really a jpeg").unwrap();
+    let bad_png = dir.path().join("gold/empty.png");
+    std::fs::write(&bad_png, b"").unwrap();
+    let report = ok_json(&["dataset", "inspect", dir.path().to_str().unwrap(), "--json"]);
+    assert_eq!(report["samples"], 22);
+    let bad: Vec<&str> = report["bad_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(bad, [bad_jpg.to_str().unwrap(), bad_png.to_str().unwrap()]);
+
+    // The human-readable report names them too.
+    let out = ladle(&["dataset", "inspect", dir.path().to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("broken.jpg") && text.contains("empty.png"),
+        "{text}"
+    );
+}
+
+#[test]
+fn inspect_of_an_unreadable_dataset_fails_with_a_message_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dataset");
+    let out = ladle(&["dataset", "inspect", missing.to_str().unwrap(), "--json"]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-dataset"), "{err}");
+
+    let batch = dir.path().join("data_batch_1.bin");
+    std::fs::write(&batch, vec![0u8; 3073 + 5]).unwrap();
+    let out = ladle(&["dataset", "inspect", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("data_batch_1.bin") && err.contains("3073"),
+        "{err}"
+    );
+}
+
+#[test]
+fn generate_refuses_a_non_empty_directory_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keep.txt"), "mine").unwrap();
+    let out = ladle(&[
+        "dataset",
+        "generate",
+        "--format",
+        "cifar10",
+        "--count",
+        "5",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("keep.txt")).unwrap(),
+        "mine"
+    );
+    let out = ladle(&[
+        "dataset",
+        "generate",
+        "--format",
+        "cifar10",
+        "--count",
+        "5",
+        "--force",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    assert!(dir.path().join("data_batch_1.bin").is_file());
+}
+
+#[test]
+fn help_teaches_the_formats_and_options() {
+    let out = ladle(&["dataset", "generate", "--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in ["imagefolder", "cifar10", "wds", "--count", "--seed"] {
+        assert!(text.contains(word), "generate --help lacks {word}: {text}");
+    }
+    let out = ladle(&["--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("dataset") && text.contains("demo"), "{text}");
+}
+
+#[test]
+fn demo_runs_on_a_small_cached_dataset() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "demo",
+        "--seconds",
+        "0.5",
+        "--samples",
+        "20",
+        "--image-size",
+        "64",
+    ];
+    let dir = cache.path().to_str().unwrap();
+    let out = ladle(&[&args[..], &["--cache-dir", dir]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("samples/s"), "{text}");
+    // Second run reuses the cache: it does not announce generation again.
+    let out = ladle(&[&args[..], &["--cache-dir", dir]].concat());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("generating"));
+}
