@@ -61,9 +61,16 @@ fn benches(c: &mut Criterion) {
     let samples = load();
     let mean_kb =
         samples.iter().map(|s| s.encoded.len()).sum::<usize>() as f64 / samples.len() as f64 / 1e3;
+    let jpegs: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.encoding != Encoding::Png)
+        .collect();
+    let jpeg_kb =
+        jpegs.iter().map(|s| s.encoded.len()).sum::<usize>() as f64 / jpegs.len() as f64 / 1e3;
     println!(
-        "{} images, {mean_kb:.0} KB mean encoded size",
-        samples.len()
+        "{} images, {mean_kb:.0} KB mean encoded size ({} JPEGs: {jpeg_kb:.0} KB mean)",
+        samples.len(),
+        jpegs.len()
     );
     let augment = Augment::train(224);
     let mut out = vec![0u8; augment.output_len()];
@@ -138,6 +145,22 @@ fn benches(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % samples.len();
             let img = decoder.decode(&samples[i].encoded).expect("decode");
+            augmenter
+                .apply(img, 0, 0, i as u64, &mut out)
+                .expect("augment");
+            black_box(out[0])
+        })
+    });
+    // The target's case: a baseline 4:2:0 500x375 JPEG of ~100 KB.
+    let baseline: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.encoding == Encoding::Baseline420)
+        .collect();
+    let mut i = 0usize;
+    group.bench_function("decode+augment/rrc224_flip/Baseline420", |b| {
+        b.iter(|| {
+            i = (i + 1) % baseline.len();
+            let img = decoder.decode(&baseline[i].encoded).expect("decode");
             augmenter
                 .apply(img, 0, 0, i as u64, &mut out)
                 .expect("augment");
