@@ -15,7 +15,7 @@ use ladle_datasets::synth::SynthConfig;
 use crate::dataset::generate;
 
 /// Version of the embedded dataset's recipe: bump to regenerate caches.
-const DEMO_DATASET_VERSION: u32 = 1;
+const DEMO_DATASET_VERSION: u32 = 2;
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {

@@ -293,7 +293,8 @@ pub fn encode(
     };
     match encoding {
         Encoding::Progressive420 => enc.set_progressive(true),
-        Encoding::Baseline444 => enc.set_sampling_factor(SamplingFactor::R_4_4_4),
+        // CMYK files (from print workflows) are normally not subsampled.
+        Encoding::Baseline444 | Encoding::Cmyk => enc.set_sampling_factor(SamplingFactor::R_4_4_4),
         Encoding::Baseline422 => enc.set_sampling_factor(SamplingFactor::R_4_2_2),
         _ => enc.set_sampling_factor(SamplingFactor::R_4_2_0),
     }
@@ -521,5 +522,100 @@ fn write_unit(
                 bytes: data.len() as u64,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Decoder;
+
+    #[test]
+    fn every_encoding_round_trips_through_the_decoder_close_to_the_scene() {
+        let (w, h) = (120, 90);
+        let mut rgb = Vec::new();
+        render(3, 5, 10, w, h, &mut rgb);
+        assert_eq!(rgb.len(), (w * h * 3) as usize);
+        let mut encoded = Vec::new();
+        let mut decoder = Decoder::new();
+        for encoding in [
+            Encoding::Baseline420,
+            Encoding::Progressive420,
+            Encoding::Baseline444,
+            Encoding::Baseline422,
+            Encoding::Grayscale,
+            Encoding::Cmyk,
+            Encoding::Png,
+        ] {
+            encode(&rgb, w, h, encoding, 90, &mut encoded).unwrap();
+            let img = decoder.decode(&encoded).unwrap();
+            assert_eq!((img.width, img.height), (w, h), "{encoding:?}");
+            // Mean absolute error against the scene; grayscale is compared to its luma.
+            let err: u64 = if encoding == Encoding::Grayscale {
+                img.pixels
+                    .chunks(3)
+                    .zip(rgb.chunks(3))
+                    .map(|(d, s)| {
+                        let luma =
+                            (77 * u32::from(s[0]) + 150 * u32::from(s[1]) + 29 * u32::from(s[2]))
+                                >> 8;
+                        u64::from(d[0].abs_diff(luma as u8))
+                    })
+                    .sum::<u64>()
+                    * 3
+            } else {
+                img.pixels
+                    .iter()
+                    .zip(&rgb)
+                    .map(|(&a, &b)| u64::from(a.abs_diff(b)))
+                    .sum()
+            };
+            let mean = err as f64 / rgb.len() as f64;
+            let limit = if encoding == Encoding::Png { 0.0 } else { 12.0 };
+            assert!(mean <= limit, "{encoding:?}: mean abs error {mean:.1}");
+        }
+    }
+
+    #[test]
+    fn scenes_are_not_flat_and_differ_between_samples() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        render(0, 1, 10, 64, 48, &mut a);
+        render(0, 2, 10, 64, 48, &mut b);
+        assert_ne!(a, b);
+        let distinct: std::collections::HashSet<&[u8]> = a.chunks(3).collect();
+        assert!(
+            distinct.len() > 500,
+            "only {} distinct colours",
+            distinct.len()
+        );
+    }
+
+    #[test]
+    fn invalid_options_are_rejected_before_writing() {
+        let dir = std::env::temp_dir().join(format!("ladle-synth-invalid-{}", std::process::id()));
+        for config in [
+            SynthConfig {
+                count: 0,
+                ..SynthConfig::default()
+            },
+            SynthConfig {
+                classes: 0,
+                ..SynthConfig::default()
+            },
+            SynthConfig {
+                quality: 0,
+                ..SynthConfig::default()
+            },
+            SynthConfig {
+                width: 2,
+                ..SynthConfig::default()
+            },
+        ] {
+            assert!(matches!(
+                generate(&config, &dir, &|_| {}),
+                Err(GenerateError::InvalidOption(_))
+            ));
+        }
+        assert!(!dir.exists());
     }
 }
