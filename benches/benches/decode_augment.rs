@@ -6,7 +6,8 @@
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use ladle_benches::{CountingAlloc, dataset};
 use ladle_datasets::augment::{Augment, Augmenter};
 use ladle_datasets::decode::{Decoder, RgbImage};
@@ -106,12 +107,8 @@ fn benches(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("per_image");
     group.throughput(Throughput::Elements(1));
-    let mut i = 0usize;
-    group.bench_function("decode/mix", |b| {
-        b.iter(|| {
-            i = (i + 1) % samples.len();
-            black_box(decoder.decode(&samples[i].encoded).expect("decode").width)
-        })
+    cycle(&mut group, "decode/mix", &samples, |_, s| {
+        decoder.decode(&s.encoded).expect("decode").pixels[0]
     });
     for kind in [
         Encoding::Baseline420,
@@ -119,65 +116,54 @@ fn benches(c: &mut Criterion) {
         Encoding::Baseline444,
     ] {
         let subset: Vec<&Sample> = samples.iter().filter(|s| s.encoding == kind).collect();
-        if subset.is_empty() {
-            continue;
-        }
-        let mut i = 0usize;
-        group.bench_function(format!("decode/{kind:?}"), |b| {
-            b.iter(|| {
-                i = (i + 1) % subset.len();
-                black_box(decoder.decode(&subset[i].encoded).expect("decode").width)
-            })
+        cycle(&mut group, &format!("decode/{kind:?}"), &subset, |_, s| {
+            decoder.decode(&s.encoded).expect("decode").pixels[0]
         });
     }
-    let mut i = 0usize;
-    group.bench_function("augment/rrc224_flip", |b| {
-        b.iter(|| {
-            i = (i + 1) % samples.len();
-            augmenter
-                .apply(view(&samples[i]), 0, 0, i as u64, &mut out)
-                .expect("augment");
-            black_box(out[0])
-        })
+    cycle(&mut group, "augment/rrc224_flip", &samples, |i, s| {
+        augmenter
+            .apply(view(s), 0, 0, i, &mut out)
+            .expect("augment");
+        out[0]
     });
-    let mut i = 0usize;
-    group.bench_function("decode+augment/rrc224_flip", |b| {
-        b.iter(|| {
-            i = (i + 1) % samples.len();
-            let img = decoder.decode(&samples[i].encoded).expect("decode");
-            augmenter
-                .apply(img, 0, 0, i as u64, &mut out)
-                .expect("augment");
-            black_box(out[0])
-        })
-    });
-    // The target's case: a baseline 4:2:0 500x375 JPEG of ~100 KB.
+    // The target's case is a baseline 4:2:0 500x375 JPEG of ~100 KB.
     let baseline: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.encoding == Encoding::Baseline420)
         .collect();
-    let mut i = 0usize;
-    group.bench_function("decode+augment/rrc224_flip/Baseline420", |b| {
-        b.iter(|| {
-            i = (i + 1) % baseline.len();
-            let img = decoder.decode(&baseline[i].encoded).expect("decode");
-            augmenter
-                .apply(img, 0, 0, i as u64, &mut out)
-                .expect("augment");
-            black_box(out[0])
-        })
-    });
-    let mut eval = Augmenter::new(Augment::eval(224));
-    let mut i = 0usize;
-    group.bench_function("decode+augment/eval224", |b| {
-        b.iter(|| {
-            i = (i + 1) % samples.len();
-            let img = decoder.decode(&samples[i].encoded).expect("decode");
-            eval.apply(img, 0, 0, i as u64, &mut out).expect("augment");
-            black_box(out[0])
-        })
-    });
+    let all: Vec<&Sample> = samples.iter().collect();
+    for (name, set, augment) in [
+        ("decode+augment/rrc224_flip", &all, augment),
+        ("decode+augment/rrc224_flip/Baseline420", &baseline, augment),
+        ("decode+augment/eval224", &all, Augment::eval(224)),
+    ] {
+        let mut augmenter = Augmenter::new(augment);
+        cycle(&mut group, name, set, |i, s| {
+            let img = decoder.decode(&s.encoded).expect("decode");
+            augmenter.apply(img, 0, 0, i, &mut out).expect("augment");
+            out[0]
+        });
+    }
     group.finish();
+}
+
+/// Benchmarks `f` on `items` round-robin, one item per iteration.
+fn cycle<T>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    items: &[T],
+    mut f: impl FnMut(u64, &T) -> u8,
+) {
+    if items.is_empty() {
+        return;
+    }
+    let mut i = 0;
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            i = (i + 1) % items.len();
+            black_box(f(i as u64, &items[i]))
+        })
+    });
 }
 
 criterion_group!(name = per_image; config = Criterion::default().sample_size(30); targets = benches);

@@ -22,6 +22,14 @@ fn ok_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
 }
 
+/// Runs ladle, asserts that it failed with nothing on stdout, and returns its stderr.
+fn failing(args: &[&str]) -> String {
+    let out = ladle(args);
+    assert!(!out.status.success(), "ladle {args:?} succeeded");
+    assert!(out.stdout.is_empty(), "ladle {args:?} printed to stdout");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn generate(format: &str, count: u32, out: &Path) {
     let out = out.to_str().unwrap();
     let c = count.to_string();
@@ -81,17 +89,12 @@ fn inspect_lists_planted_bad_files_by_path_and_still_exits_zero() {
 fn inspect_of_an_unreadable_dataset_fails_with_a_message_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-dataset");
-    let out = ladle(&["dataset", "inspect", missing.to_str().unwrap(), "--json"]);
-    assert!(!out.status.success());
-    assert!(out.stdout.is_empty());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failing(&["dataset", "inspect", missing.to_str().unwrap(), "--json"]);
     assert!(err.contains("no-such-dataset"), "{err}");
 
     let batch = dir.path().join("data_batch_1.bin");
     std::fs::write(&batch, vec![0u8; 3073 + 5]).unwrap();
-    let out = ladle(&["dataset", "inspect", dir.path().to_str().unwrap()]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failing(&["dataset", "inspect", dir.path().to_str().unwrap()]);
     assert!(
         err.contains("data_batch_1.bin") && err.contains("3073"),
         "{err}"
@@ -102,34 +105,14 @@ fn inspect_of_an_unreadable_dataset_fails_with_a_message_naming_it() {
 fn generate_refuses_a_non_empty_directory_without_force() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("keep.txt"), "mine").unwrap();
-    let out = ladle(&[
-        "dataset",
-        "generate",
-        "--format",
-        "cifar10",
-        "--count",
-        "5",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
-    assert_eq!(
-        std::fs::read_to_string(dir.path().join("keep.txt")).unwrap(),
-        "mine"
-    );
-    let out = ladle(&[
-        "dataset",
-        "generate",
-        "--format",
-        "cifar10",
-        "--count",
-        "5",
-        "--force",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert!(out.status.success());
+    let out_dir = dir.path().to_str().unwrap();
+    let args = [
+        "dataset", "generate", "--format", "cifar10", "--count", "5", "--out", out_dir,
+    ];
+    assert!(failing(&args).contains("--force"));
+    let keep = std::fs::read_to_string(dir.path().join("keep.txt")).unwrap();
+    assert_eq!(keep, "mine");
+    assert!(ladle(&[&args[..], &["--force"]].concat()).status.success());
     assert!(dir.path().join("data_batch_1.bin").is_file());
 }
 
