@@ -36,7 +36,7 @@ impl ImageFolder {
                     .to_string_lossy()
                     .into_owned(),
             );
-            walk(&class_dir, label, &mut files)?;
+            walk(&class_dir, label, 0, &mut files)?;
         }
         if files.is_empty() {
             return Err(OpenError::Empty { path: root.into() });
@@ -50,10 +50,27 @@ impl ImageFolder {
     }
 }
 
-fn walk(dir: &Path, label: i64, files: &mut Vec<(PathBuf, i64)>) -> Result<(), OpenError> {
+/// Directory levels below a class folder that are searched; deeper nesting is almost surely a
+/// symbolic-link loop, and is an error rather than a stack overflow.
+const MAX_DEPTH: usize = 32;
+
+fn walk(
+    dir: &Path,
+    label: i64,
+    depth: usize,
+    files: &mut Vec<(PathBuf, i64)>,
+) -> Result<(), OpenError> {
+    if depth > MAX_DEPTH {
+        return Err(OpenError::UnreadableDir {
+            path: dir.into(),
+            source: std::io::Error::other(format!(
+                "more than {MAX_DEPTH} levels below the class folder (a symbolic-link loop?)"
+            )),
+        });
+    }
     for path in list_dir(dir)? {
         if path.is_dir() {
-            walk(&path, label, files)?;
+            walk(&path, label, depth + 1, files)?;
         } else if path
             .extension()
             .and_then(|e| e.to_str())

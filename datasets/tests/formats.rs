@@ -342,3 +342,13 @@ fn missing_paths_unknown_layouts_and_unreadable_directories_are_typed_errors() {
         Err(OpenError::Empty { .. })
     ));
 }
+
+#[test]
+fn a_symbolic_link_loop_in_an_image_folder_is_an_error_not_a_crash() {
+    let dir = generated(Format::ImageFolder, 10);
+    let class = dir.path().join("amber");
+    std::os::unix::fs::symlink(&class, class.join("loop")).unwrap();
+    let err = ladle_datasets::open(dir.path()).unwrap_err();
+    assert!(matches!(err, OpenError::UnreadableDir { .. }), "{err:?}");
+    assert!(err.to_string().contains("amber/loop"), "{err}");
+}
