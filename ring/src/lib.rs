@@ -1,13 +1,34 @@
 //! # ladle-ring: the shared-memory sample ring and the control protocol
 //!
 //! In `DESIGN.md`'s picture this crate is the box in the middle: the one contract both the
-//! producer and every consumer share. It will hold the struct-of-arrays sample regions
-//! (images `[C,H,W,3]` u8, labels `i64`, dataset indices `u64`) mapped twice back to back,
-//! the producer's head and the per-consumer cursors, and the typed, versioned,
-//! length-prefixed control messages.
+//! producer and every consumer share, and the only crate the consumer SDK needs.
 //!
-//! **Status:** not built yet. The ring issue fills this crate; until then it exposes only
-//! the protocol version so that dependants can build.
+//! - [`layout`]: where the images (`[C,H,W,3]` u8), labels (`i64`) and dataset indices (`u64`)
+//!   live in one `memfd`, each region mapped twice back to back so that any window of up to
+//!   `C` samples is one contiguous slice.
+//! - [`shm`]: the producer's read-write view ([`ProducerRing`]: create, pre-fault, seal, write
+//!   slots, publish the head) and a consumer's read-only view ([`ConsumerRing`]); the
+//!   per-consumer [`CursorPage`].
+//! - [`protocol_core`]: the head/cursor protocol and its memory orderings, model-checked with
+//!   loom (`RUSTFLAGS="--cfg loom" cargo test -p ladle-ring --test loom --release`).
+//! - [`protocol`]: the typed, versioned, length-prefixed control messages, with fd passing.
+//!
+//! The ring file is sealed (`F_SEAL_FUTURE_WRITE`, `SHRINK`, `GROW`) once the producer has
+//! mapped it: a consumer holding the fd can only ever map it read-only and cannot resize it
+//! under the producer. There is no named segment: the memory lives exactly as long as some
+//! process holds the fd or a mapping, so a crash leaves nothing behind in `/dev/shm`.
 
-/// Version of the control protocol spoken over the producer's Unix socket.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub mod error;
+pub mod layout;
+pub mod protocol;
+pub mod protocol_core;
+#[cfg(not(loom))]
+pub mod shm;
+mod sync;
+pub mod sys;
+
+pub use error::{LayoutError, ProtocolError, ShmError};
+pub use layout::RingLayout;
+pub use protocol::PROTOCOL_VERSION;
+#[cfg(not(loom))]
+pub use shm::{ConsumerRing, CursorPage, ProducerRing};

@@ -1,0 +1,434 @@
+//! The ring's shared memory: the producer's read-write view and a consumer's read-only view,
+//! and the per-consumer cursor page.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::error::ShmError;
+use crate::layout::RingLayout;
+use crate::protocol_core;
+use crate::sys::{self, Mapping, PAGE};
+
+/// "ladlerng" in ASCII.
+const MAGIC: u64 = 0x676e_7272_656c_6461;
+
+/// The header page at the start of the ring file: written by the producer only.
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    /// All samples below this sequence number are written.
+    head: AtomicU64,
+    /// Low 32 bits of `head`, the futex word consumers sleep on.
+    head_word: AtomicU32,
+    /// Non-zero once the producer has ended the stream.
+    ended: AtomicU32,
+}
+
+/// A consumer's cursor page, a separate one-page memfd shared by that consumer and the
+/// producer only: all samples below `cursor` are released.
+///
+/// # Safety contract (shared memory)
+/// `#[repr(C)]`, only atomics, no pointers: valid at any bit pattern in any process.
+#[repr(C)]
+struct CursorWords {
+    cursor: AtomicU64,
+    /// Low 32 bits of `cursor`, the futex word the producer sleeps on.
+    cursor_word: AtomicU32,
+    /// Non-zero while the consumer sleeps on the head (so the producer knows to wake it).
+    waiting: AtomicU32,
+}
+
+/// The three double-mapped sample regions.
+#[derive(Debug)]
+struct Regions {
+    images: Mapping,
+    labels: Mapping,
+    indices: Mapping,
+}
+
+impl Regions {
+    fn map(fd: BorrowedFd<'_>, layout: &RingLayout, writable: bool) -> Result<Self, ShmError> {
+        let map = |(off, len): (u64, usize)| {
+            Mapping::new(fd, off, len, writable, true)
+                .map_err(ShmError::os("mapping a ring region"))
+        };
+        Ok(Self {
+            images: map(layout.images())?,
+            labels: map(layout.labels())?,
+            indices: map(layout.indices())?,
+        })
+    }
+}
+
+/// The producer's view: creates the ring file, writes samples, publishes the head.
+#[derive(Debug)]
+pub struct ProducerRing {
+    layout: RingLayout,
+    fd: OwnedFd,
+    header: Mapping,
+    regions: Regions,
+}
+
+impl ProducerRing {
+    /// Creates, maps (read-write), pre-faults and seals a ring of `layout`.
+    pub fn create(layout: RingLayout) -> Result<Self, ShmError> {
+        let fd =
+            sys::memfd("ladle-ring", layout.file_len()).map_err(ShmError::os("memfd_create"))?;
+        let header = Mapping::new(fd.as_fd(), 0, PAGE, true, false)
+            .map_err(ShmError::os("mapping the ring header"))?;
+        let regions = Regions::map(fd.as_fd(), &layout, true)?;
+        for m in [&regions.images, &regions.labels, &regions.indices] {
+            m.prefault()
+                .map_err(ShmError::os("pre-faulting the ring"))?;
+        }
+        // From here on nobody can map the file writable or resize it: consumers get it
+        // read-only whatever they try.
+        sys::seal_against_writers(fd.as_fd()).map_err(ShmError::os("sealing the ring"))?;
+        let ring = Self {
+            layout,
+            fd,
+            header,
+            regions,
+        };
+        ring.header().magic.store(MAGIC, Ordering::Release);
+        Ok(ring)
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &RingLayout {
+        &self.layout
+    }
+
+    /// The ring file, to hand to consumers.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the header page is mapped for the life of `self`, page-aligned, and holds
+        // only atomics, valid at any bit pattern.
+        unsafe { &*self.header.as_ptr().cast::<Header>() }
+    }
+
+    /// The head: every sample below it is published.
+    pub fn head(&self) -> u64 {
+        self.header().head.load(Ordering::Acquire)
+    }
+
+    /// The writable buffers of sequence `seq`: its image, label and dataset index.
+    ///
+    /// # Safety
+    /// The caller must be the only one touching `seq`'s slot until it is published, and
+    /// the slot must be free: `protocol_core::may_write(seq, min_cursor, capacity)` held for
+    /// the cursors of all live consumers, and `seq` is at or above the head.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_mut(&self, seq: u64) -> (&mut [u8], &mut i64, &mut u64) {
+        let slot = (seq % self.layout.capacity) as usize;
+        let bytes = self.layout.sample_bytes();
+        // SAFETY: `slot < capacity`, so each pointer stays inside its region's first copy;
+        // exclusivity is the caller's contract above.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(
+                    self.regions.images.as_ptr().add(slot * bytes),
+                    bytes,
+                ),
+                &mut *self.regions.labels.as_ptr().cast::<i64>().add(slot),
+                &mut *self.regions.indices.as_ptr().cast::<u64>().add(slot),
+            )
+        }
+    }
+
+    /// Publishes every sample below `new_head` and wakes consumers that wait for it.
+    pub fn publish(&self, new_head: u64, wake: bool) {
+        let header = self.header();
+        protocol_core::publish(&header.head, new_head);
+        header.head_word.store(new_head as u32, Ordering::SeqCst);
+        if wake {
+            sys::futex_wake_all(&header.head_word);
+        }
+    }
+
+    /// Marks the stream ended and wakes every consumer.
+    pub fn end(&self) {
+        self.header().ended.store(1, Ordering::SeqCst);
+        sys::futex_wake_all(&self.header().head_word);
+    }
+}
+
+/// A consumer's read-only view of the ring.
+#[derive(Debug)]
+pub struct ConsumerRing {
+    layout: RingLayout,
+    header: Mapping,
+    regions: Regions,
+}
+
+impl ConsumerRing {
+    /// Maps the ring file received from the producer, read-only.
+    pub fn map(fd: BorrowedFd<'_>, layout: RingLayout) -> Result<Self, ShmError> {
+        let actual = sys::file_len(fd).map_err(ShmError::os("fstat of the ring"))?;
+        if actual != layout.file_len() {
+            return Err(ShmError::SizeMismatch {
+                expected: layout.file_len(),
+                actual,
+            });
+        }
+        let header = Mapping::new(fd, 0, PAGE, false, false)
+            .map_err(ShmError::os("mapping the ring header"))?;
+        let regions = Regions::map(fd, &layout, false)?;
+        let ring = Self {
+            layout,
+            header,
+            regions,
+        };
+        if ring.header().magic.load(Ordering::Acquire) != MAGIC {
+            return Err(ShmError::BadMagic);
+        }
+        Ok(ring)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: as in `ProducerRing::header`; atomics are read through a read-only mapping,
+        // which loads (and FUTEX_WAIT) permit.
+        unsafe { &*self.header.as_ptr().cast::<Header>() }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &RingLayout {
+        &self.layout
+    }
+
+    /// Every sample below this is readable.
+    pub fn head(&self) -> u64 {
+        protocol_core::head(&self.header().head)
+    }
+
+    /// Whether the producer has ended the stream.
+    pub fn ended(&self) -> bool {
+        self.header().ended.load(Ordering::SeqCst) != 0
+    }
+
+    /// Sleeps until the head moves past `seen` or `timeout` passes.
+    pub fn wait_for_head(&self, cursor: &CursorPage, seen: u64, timeout: std::time::Duration) {
+        let words = cursor.words();
+        words.waiting.store(1, Ordering::SeqCst);
+        if self.head() == seen && !self.ended() {
+            sys::futex_wait(&self.header().head_word, seen as u32, timeout);
+        }
+        words.waiting.store(0, Ordering::SeqCst);
+    }
+
+    /// `count` images from sequence `start`, as one contiguous `[count, H, W, 3]` slice.
+    ///
+    /// # Safety
+    /// `start..start + count` must be published (below the head) and not released by this
+    /// consumer (at or above its cursor), so the producer cannot be writing them; and
+    /// `count <= capacity`.
+    pub unsafe fn images(&self, start: u64, count: usize) -> &[u8] {
+        let bytes = self.layout.sample_bytes();
+        let slot = (start % self.layout.capacity) as usize;
+        // SAFETY: slot + count <= 2 × capacity, inside the double mapping; no concurrent
+        // writer by the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.regions.images.as_ptr().add(slot * bytes),
+                count * bytes,
+            )
+        }
+    }
+
+    /// `count` labels from sequence `start`.
+    ///
+    /// # Safety
+    /// As for [`ConsumerRing::images`].
+    pub unsafe fn labels(&self, start: u64, count: usize) -> &[i64] {
+        let slot = (start % self.layout.capacity) as usize;
+        // SAFETY: as in `images`; the region is 8-byte aligned (page-aligned).
+        unsafe {
+            std::slice::from_raw_parts(self.regions.labels.as_ptr().cast::<i64>().add(slot), count)
+        }
+    }
+
+    /// `count` dataset indices from sequence `start`.
+    ///
+    /// # Safety
+    /// As for [`ConsumerRing::images`].
+    pub unsafe fn indices(&self, start: u64, count: usize) -> &[u64] {
+        let slot = (start % self.layout.capacity) as usize;
+        // SAFETY: as in `labels`.
+        unsafe {
+            std::slice::from_raw_parts(self.regions.indices.as_ptr().cast::<u64>().add(slot), count)
+        }
+    }
+
+    /// The start of the images mapping (for registering it with CUDA, say).
+    pub fn images_mapping(&self) -> (*const u8, usize) {
+        (
+            self.regions.images.as_ptr(),
+            self.regions.images.copy_len() * 2,
+        )
+    }
+}
+
+/// A one-page memfd holding one consumer's cursor, mapped by that consumer and the producer.
+#[derive(Debug)]
+pub struct CursorPage {
+    fd: Option<OwnedFd>,
+    map: Mapping,
+}
+
+impl CursorPage {
+    /// Producer side: a fresh page with the cursor at `start`.
+    pub fn create(start: u64) -> Result<Self, ShmError> {
+        let fd = sys::memfd("ladle-cursor", PAGE as u64).map_err(ShmError::os("memfd_create"))?;
+        let page = Self::map(fd.as_fd())?;
+        let words = page.words();
+        words.cursor.store(start, Ordering::Release);
+        words.cursor_word.store(start as u32, Ordering::Release);
+        Ok(Self {
+            fd: Some(fd),
+            map: page.map,
+        })
+    }
+
+    /// Consumer side: maps the page received from the producer.
+    pub fn map(fd: BorrowedFd<'_>) -> Result<Self, ShmError> {
+        let actual = sys::file_len(fd).map_err(ShmError::os("fstat of the cursor page"))?;
+        if actual != PAGE as u64 {
+            return Err(ShmError::SizeMismatch {
+                expected: PAGE as u64,
+                actual,
+            });
+        }
+        let map = Mapping::new(fd, 0, PAGE, true, false)
+            .map_err(ShmError::os("mapping a cursor page"))?;
+        Ok(Self { fd: None, map })
+    }
+
+    /// The page's file, to hand to its consumer (producer side only).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(AsFd::as_fd)
+    }
+
+    fn words(&self) -> &CursorWords {
+        // SAFETY: the page is mapped for the life of `self`, page-aligned, and holds only
+        // atomics, valid at any bit pattern.
+        unsafe { &*self.map.as_ptr().cast::<CursorWords>() }
+    }
+
+    /// Everything below this is released.
+    pub fn cursor(&self) -> u64 {
+        protocol_core::cursor(&self.words().cursor)
+    }
+
+    /// Consumer: releases everything below `upto` and wakes a producer waiting for room.
+    pub fn release(&self, upto: u64) {
+        let words = self.words();
+        protocol_core::release(&words.cursor, upto);
+        words.cursor_word.store(upto as u32, Ordering::SeqCst);
+        sys::futex_wake_all(&words.cursor_word);
+    }
+
+    /// Producer: whether this consumer sleeps on the head.
+    pub fn is_waiting(&self) -> bool {
+        self.words().waiting.load(Ordering::SeqCst) != 0
+    }
+
+    /// Producer: sleeps until this consumer's cursor moves past `seen` or `timeout` passes.
+    pub fn wait_for_release(&self, seen: u64, timeout: std::time::Duration) {
+        if self.cursor() == seen {
+            sys::futex_wait(&self.words().cursor_word, seen as u32, timeout);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring() -> ProducerRing {
+        ProducerRing::create(RingLayout::new(512, 8, 8).unwrap()).unwrap()
+    }
+
+    fn write(ring: &ProducerRing, seq: u64) {
+        // SAFETY: single-threaded test, no consumer has released anything yet.
+        let (img, label, index) = unsafe { ring.slot_mut(seq) };
+        img.fill(seq as u8);
+        *label = seq as i64 * 10;
+        *index = seq + 1000;
+    }
+
+    #[test]
+    fn a_consumer_sees_published_samples_contiguously_across_the_wrap() {
+        let producer = ring();
+        let cap = producer.layout().capacity;
+        for seq in cap - 2..cap + 3 {
+            write(&producer, seq);
+        }
+        producer.publish(cap + 3, false);
+        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        assert_eq!(consumer.head(), cap + 3);
+        // SAFETY: published, and nothing else writes in this test.
+        let (images, labels, indices) = unsafe {
+            (
+                consumer.images(cap - 2, 5),
+                consumer.labels(cap - 2, 5),
+                consumer.indices(cap - 2, 5),
+            )
+        };
+        let bytes = producer.layout().sample_bytes();
+        for (k, seq) in (cap - 2..cap + 3).enumerate() {
+            assert!(
+                images[k * bytes..(k + 1) * bytes]
+                    .iter()
+                    .all(|&b| b == seq as u8)
+            );
+            assert_eq!(labels[k], seq as i64 * 10);
+            assert_eq!(indices[k], seq + 1000);
+        }
+    }
+
+    #[test]
+    fn the_sealed_ring_cannot_be_mapped_or_made_writable_by_a_consumer() {
+        let producer = ring();
+        let (off, len) = producer.layout().images();
+        let err = Mapping::new(producer.fd(), off, len, true, false).unwrap_err();
+        assert_eq!(err, rustix::io::Errno::PERM);
+        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let (ptr, len) = consumer.images_mapping();
+        // SAFETY: asking for write access on our own read-only mapping; the call must fail.
+        let made_writable = unsafe {
+            rustix::mm::mprotect(
+                ptr as *mut _,
+                len,
+                rustix::mm::MprotectFlags::READ | rustix::mm::MprotectFlags::WRITE,
+            )
+        };
+        assert!(made_writable.is_err());
+        assert!(
+            rustix::fs::ftruncate(producer.fd(), 0).is_err(),
+            "the ring can be shrunk"
+        );
+    }
+
+    #[test]
+    fn cursor_pages_carry_releases_between_mappings() {
+        let page = CursorPage::create(7).unwrap();
+        let other = CursorPage::map(page.fd().unwrap()).unwrap();
+        assert_eq!(other.cursor(), 7);
+        other.release(42);
+        assert_eq!(page.cursor(), 42);
+        page.wait_for_release(41, std::time::Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_wrong_sized_file_is_refused() {
+        let producer = ring();
+        let bigger = RingLayout::new(1024, 8, 8).unwrap();
+        assert!(matches!(
+            ConsumerRing::map(producer.fd(), bigger),
+            Err(ShmError::SizeMismatch { .. })
+        ));
+    }
+}
