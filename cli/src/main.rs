@@ -7,6 +7,7 @@
 mod dataset;
 mod demo;
 mod progress;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -26,13 +27,16 @@ enum Command {
     Dataset(dataset::DatasetCommand),
     /// Show ladle at work on the embedded synthetic dataset (generated once, then cached).
     Demo(demo::DemoArgs),
+    /// Decode and augment a dataset once into shared memory and serve it to consumers on a
+    /// Unix socket, until Ctrl-C or SIGTERM.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,ladle_producer=info")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -40,6 +44,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Dataset(cmd) => dataset::run(cmd),
         Command::Demo(args) => demo::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

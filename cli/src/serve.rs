@@ -1,0 +1,87 @@
+//! `ladle serve`: run a producer until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context;
+use clap::Args;
+use ladle_datasets::BadSamplePolicy;
+use ladle_datasets::augment::Augment;
+use ladle_datasets::pipeline::default_threads;
+use ladle_producer::{Producer, ProducerConfig};
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards).
+    #[arg(long)]
+    dataset: PathBuf,
+    /// The control socket consumers connect to (created with mode 0600).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Shared memory for the sample ring, in MiB; the largest batch a consumer may ask for
+    /// is half the samples it holds.
+    #[arg(long, default_value_t = 256)]
+    ring_mib: u64,
+    /// Side of the square training crops, in pixels.
+    #[arg(long, default_value_t = 224)]
+    image_size: u32,
+    /// Decode threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seed of the epoch permutations and the augmentation.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Use the evaluation transform (resize + center crop) instead of training augmentation.
+    #[arg(long)]
+    eval: bool,
+    /// Stop at the first undecodable sample instead of delivering it as a zero image with
+    /// label -1.
+    #[arg(long)]
+    fail_on_bad_sample: bool,
+    /// Detach a consumer that falls this many samples behind (default: wait for it).
+    #[arg(long)]
+    max_lag: Option<u64>,
+}
+
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let dataset = ladle_datasets::open(&args.dataset)
+        .with_context(|| format!("cannot read dataset {}", args.dataset.display()))?;
+    let augment = if args.eval {
+        Augment::eval(args.image_size)
+    } else {
+        Augment::train(args.image_size)
+    };
+    let config = ProducerConfig {
+        socket: args.socket.clone(),
+        ring_bytes: args.ring_mib << 20,
+        augment,
+        threads: args.threads.unwrap_or_else(default_threads),
+        seed: args.seed,
+        policy: if args.fail_on_bad_sample {
+            BadSamplePolicy::Fail
+        } else {
+            BadSamplePolicy::Skip
+        },
+        max_lag: args.max_lag,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
+    }
+    let producer = Producer::start_with_stop(Arc::from(dataset), config, stop)
+        .with_context(|| format!("cannot start serving on {}", args.socket.display()))?;
+    let layout = producer.layout();
+    eprintln!(
+        "serving {} on {} (ring: {} samples of {}x{}, batch sizes up to {}); Ctrl-C to stop",
+        args.dataset.display(),
+        args.socket.display(),
+        layout.capacity,
+        layout.height,
+        layout.width,
+        layout.max_batch()
+    );
+    producer.wait().context("the producer failed")?;
+    eprintln!("stopped; consumers were told the stream ended");
+    Ok(())
+}
