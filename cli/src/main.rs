@@ -4,6 +4,7 @@
 //! and nothing else. Every subcommand's logic lives in a crate; this binary parses arguments,
 //! draws progress bars and prints reports.
 
+mod consume;
 mod dataset;
 mod demo;
 mod progress;
@@ -30,6 +31,9 @@ enum Command {
     /// Decode and augment a dataset once into shared memory and serve it to consumers on a
     /// Unix socket, until Ctrl-C or SIGTERM.
     Serve(serve::ServeArgs),
+    /// A reference consumer: read epochs from a producer and check that each one holds every
+    /// sample exactly once.
+    Consume(consume::ConsumeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Dataset(cmd) => dataset::run(cmd),
         Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Consume(args) => consume::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,10 +1,83 @@
 //! # ladle-consumer: the SDK a training process links
 //!
-//! In `DESIGN.md`'s picture this crate is what each consumer (a training process) links:
-//! it connects to the producer's control socket, maps the sample ring read-only and yields
-//! zero-copy batches of its own batch size. It depends only on [`ladle_ring`], never on the
-//! producer or the datasets crate, so that it stays small.
+//! In `DESIGN.md`'s picture this crate is each consumer box (A, B, C on the right): what a
+//! training process links to read the producer's sample ring. It connects to the producer's
+//! control socket (Unix, peer uid checked), says `Hello` with its own batch size, maps the
+//! ring it receives **read-only**, and yields zero-copy [`Batch`]es: a batch's images are one
+//! contiguous `[B, H, W, 3]` u8 slice of shared memory, its labels `[B]` i64, its dataset
+//! indices `[B]` u64. It depends only on [`ladle_ring`], never on the producer or the
+//! datasets crate, so that it stays small.
 //!
-//! **Status:** not built yet. The ring issue fills this crate.
+//! ```no_run
+//! use ladle_consumer::prelude::*;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = ConsumerConfig { batch_size: 64, ..ConsumerConfig::default() };
+//! let consumer = Consumer::connect("/run/user/1000/ladle.sock", config)?;
+//! for _ in 0..3 {
+//!     let epoch = consumer.epoch();
+//!     let number = epoch.number();
+//!     for batch in epoch {
+//!         let batch = batch?;
+//!         let [b, h, w, c] = batch.shape();
+//!         let images: &[u8] = batch.images(); // b·h·w·c bytes, zero copy
+//!         let labels: &[i64] = batch.labels();
+//!         assert_eq!(images.len(), b * h * w * c);
+//!         assert_eq!(labels.len(), b);
+//!         // ... copy to the device, train a step; dropping `batch` releases its samples
+//!     }
+//!     println!("epoch {number} done");
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Epochs
+//! The producer gives each consumer a start sequence number `S` when it joins. The consumer's
+//! epoch `k` is the `N` (dataset length) consecutive samples `[S + k·N, S + (k+1)·N)`; the
+//! producer arranges its shuffles so that each holds every dataset index exactly once, however
+//! late the consumer joined. Batches are consecutive windows of the batch size inside that
+//! range, the last one partial (or skipped with [`ConsumerConfig::drop_last`]). Abandoning an
+//! epoch early (dropping its iterator) skips the rest of it: the next [`Consumer::epoch`]
+//! starts at the next boundary.
+//!
+//! ## Holding batches
+//! [`Batch`]es borrow the [`Consumer`] immutably, so several can be held at once (a
+//! prefetching training loop). A dropped batch releases its samples: the consumer's cursor
+//! moves to the start of the oldest batch still held, or to the first sample not handed out.
+//! The producer overwrites nothing at or above the cursor, so it waits for the slowest
+//! consumer; asking for more than [`ConsumerConfig::max_batches_held`] batches, or for more
+//! than the ring holds beside the batches held, is
+//! [`ConsumerError::TooManyBatchesHeld`] instead of a deadlock.
+//!
+//! ## Waiting and failure
+//! Waiting for samples sleeps on the ring's head (a futex), at most 100 ms at a time, and
+//! checks the control socket at every wake-up: a producer that exits or is killed is
+//! [`ConsumerError::ProducerGone`] within about 100 ms, never a hang; an `End` or `Detached`
+//! from the producer is [`ConsumerError::ProducerEnded`] or [`ConsumerError::Detached`].
+//! Samples already published are still delivered first. Dropping the [`Consumer`] sends
+//! `Leave` and closes the socket.
+//!
+//! ## Logging
+//! `tracing` events: `info` when the consumer joins; `warn` when the producer goes away, ends
+//! or detaches this consumer (also returned as errors); `debug` for a failed best-effort
+//! `Leave`; `error` only for a broken internal invariant.
 
+mod config;
+mod consumer;
+mod error;
+
+pub use config::ConsumerConfig;
+pub use consumer::{Batch, Consumer, Epoch};
+pub use error::{ConnectError, ConsumerError};
 pub use ladle_ring::PROTOCOL_VERSION;
+pub use ladle_ring::RingLayout;
+pub use ladle_ring::protocol::DatasetInfo;
+
+/// The types a training loop needs: `use ladle_consumer::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        Batch, ConnectError, Consumer, ConsumerConfig, ConsumerError, DatasetInfo, Epoch,
+        RingLayout,
+    };
+}

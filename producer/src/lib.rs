@@ -337,7 +337,6 @@ impl Producer {
             None => Ok(()),
         };
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.ring.end();
         let reason = match &result {
             Ok(()) => "the producer is shutting down".to_owned(),
             Err(e) => format!("the producer failed: {e}"),
@@ -350,6 +349,10 @@ impl Producer {
                 },
                 &[],
             );
+        }
+        // After the messages, so that consumers read the reason before they see the flag.
+        self.shared.ring.end();
+        for m in &self.shared.lock().members {
             let _ = m.socket.shutdown(std::net::Shutdown::Both);
         }
         server::wake_listener(&self.socket);

@@ -1,0 +1,201 @@
+//! `ladle consume`: a consumer that reads epochs from a running producer and reports, per
+//! epoch, throughput and whether every dataset index arrived exactly once. Use it to try a
+//! producer out, or to stand in for a training job (`--step-ms` emulates its step time).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use ladle_consumer::prelude::*;
+
+#[derive(Debug, Args)]
+pub(crate) struct ConsumeArgs {
+    /// The producer's control socket.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Samples per batch (at most half the producer's ring).
+    #[arg(long, value_name = "B", default_value_t = 32)]
+    batch_size: u32,
+    /// Epochs to read.
+    #[arg(long, value_name = "E", default_value_t = 1)]
+    epochs: u64,
+    /// Skip each epoch's last, partial batch.
+    #[arg(long)]
+    drop_last: bool,
+    /// Print one JSON object per line: one per epoch, then a summary.
+    #[arg(long)]
+    json: bool,
+    /// A name for the producer's logs (default: consumer-<pid>).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Milliseconds to sleep per batch while holding it, to emulate a training step.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    step_ms: u64,
+}
+
+/// Which dataset indices one epoch delivered.
+struct Coverage {
+    /// One bit per dataset index.
+    seen: Vec<u64>,
+    len: u64,
+    delivered: u64,
+    /// An index delivered twice, or outside `0..len`.
+    broken: bool,
+}
+
+impl Coverage {
+    fn new(len: u64) -> anyhow::Result<Self> {
+        let words = usize::try_from(len.div_ceil(64)).context("dataset too large to track")?;
+        Ok(Self {
+            seen: vec![0; words],
+            len,
+            delivered: 0,
+            broken: false,
+        })
+    }
+
+    fn add(&mut self, indices: &[u64]) {
+        self.delivered += indices.len() as u64;
+        for &index in indices {
+            if index >= self.len {
+                self.broken = true;
+                continue;
+            }
+            let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
+            if self.seen[word] & bit != 0 {
+                self.broken = true;
+            }
+            self.seen[word] |= bit;
+        }
+    }
+
+    /// No duplicates, nothing out of range, and `expected` delivered (so, without drop_last,
+    /// every index exactly once).
+    fn exact(&self, expected: u64) -> bool {
+        !self.broken && self.delivered == expected
+    }
+}
+
+fn per_second(samples: u64, elapsed: Duration) -> f64 {
+    let seconds = elapsed.as_secs_f64();
+    if seconds > 0.0 {
+        samples as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+    let mut config = ConsumerConfig {
+        batch_size: args.batch_size,
+        drop_last: args.drop_last,
+        ..ConsumerConfig::default()
+    };
+    if let Some(name) = args.name {
+        config.name = name;
+    }
+    // Connection errors name the socket and say what to check.
+    let consumer = Consumer::connect(&args.socket, config)?;
+    let dataset = consumer.dataset();
+    let layout = consumer.layout();
+    if !args.json {
+        eprintln!(
+            "joined {} as consumer {}: {} samples of {}x{} from {}, batches of {}",
+            args.socket.display(),
+            consumer.consumer_id(),
+            dataset.len,
+            layout.height,
+            layout.width,
+            dataset.source,
+            args.batch_size,
+        );
+    }
+    let step = Duration::from_millis(args.step_ms);
+    let expected = consumer.samples_per_epoch();
+    let started = Instant::now();
+    let mut total_samples = 0u64;
+    for _ in 0..args.epochs {
+        let epoch = consumer.epoch();
+        let number = epoch.number();
+        let epoch_started = Instant::now();
+        let mut coverage = Coverage::new(dataset.len)?;
+        let mut batches = 0u64;
+        for batch in epoch {
+            let batch = batch.with_context(|| format!("reading epoch {number}"))?;
+            coverage.add(batch.indices());
+            batches += 1;
+            if !step.is_zero() {
+                std::thread::sleep(step);
+            }
+        }
+        let elapsed = epoch_started.elapsed();
+        let samples = coverage.delivered;
+        total_samples += samples;
+        let exact = coverage.exact(expected);
+        let rate = per_second(samples, elapsed);
+        if args.json {
+            let line = serde_json::json!({
+                "epoch": number,
+                "batches": batches,
+                "samples": samples,
+                "exact_coverage": exact,
+                "seconds": elapsed.as_secs_f64(),
+                "samples_per_s": rate,
+                "start_seq": consumer.start_seq(),
+                "consumer_id": consumer.consumer_id(),
+            });
+            println!("{line}");
+        } else {
+            println!(
+                "epoch {number}: {samples} samples in {batches} batches, {:.3} s, {rate:.0} samples/s, coverage {}",
+                elapsed.as_secs_f64(),
+                if exact { "exact" } else { "NOT exact" },
+            );
+        }
+    }
+    let rate = per_second(total_samples, started.elapsed());
+    if args.json {
+        let line = serde_json::json!({
+            "samples_per_s": rate,
+            "samples": total_samples,
+            "epochs": args.epochs,
+        });
+        println!("{line}");
+    } else {
+        println!(
+            "read {} epochs, {total_samples} samples, {rate:.0} samples/s overall",
+            args.epochs
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coverage_is_exact_only_for_each_index_once() {
+        let mut full = Coverage::new(100).unwrap();
+        full.add(&(0..60).collect::<Vec<_>>());
+        full.add(&(60..100).rev().collect::<Vec<_>>());
+        assert!(full.exact(100));
+
+        let mut duplicate = Coverage::new(100).unwrap();
+        duplicate.add(&(0..99).collect::<Vec<_>>());
+        duplicate.add(&[5]);
+        assert!(!duplicate.exact(100));
+
+        let mut outside = Coverage::new(100).unwrap();
+        outside.add(&(1..100).collect::<Vec<_>>());
+        outside.add(&[100]);
+        assert!(!outside.exact(100));
+
+        // drop_last: 96 of 100 delivered, none twice.
+        let mut dropped = Coverage::new(100).unwrap();
+        dropped.add(&(4..100).collect::<Vec<_>>());
+        assert!(dropped.exact(96));
+        assert!(!dropped.exact(100));
+    }
+}

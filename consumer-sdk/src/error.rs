@@ -1,0 +1,200 @@
+//! Typed errors of the consumer SDK: one enum per operation. Every variant that concerns the
+//! producer names its control socket.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ladle_ring::{LayoutError, ProtocolError, ShmError};
+
+/// [`Consumer::connect`](crate::Consumer::connect) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The configured batch size is zero; checked before connecting.
+    #[error("{}: batch size 0 requested; a batch holds at least one sample", socket.display())]
+    ZeroBatchSize {
+        /// The control socket that was to be used.
+        socket: PathBuf,
+    },
+    /// `max_batches_held` is zero, so no batch could ever be handed out; checked before
+    /// connecting.
+    #[error("{}: max_batches_held is 0; a consumer must be allowed to hold at least one batch", socket.display())]
+    ZeroMaxBatchesHeld {
+        /// The control socket that was to be used.
+        socket: PathBuf,
+    },
+    /// No file exists at the socket path (no producer was ever started there).
+    #[error("{}: no such socket (is the producer running, and is this its --socket path?)", socket.display())]
+    SocketMissing {
+        /// The control socket.
+        socket: PathBuf,
+    },
+    /// The socket file exists but nobody accepts connections on it (`ECONNREFUSED`): the
+    /// producer exited or crashed and left its socket file behind, or the path is not a
+    /// socket.
+    #[error("{}: no producer is listening (connection refused); the socket may be stale", socket.display())]
+    NoProducer {
+        /// The control socket.
+        socket: PathBuf,
+    },
+    /// Connecting to or configuring the socket failed otherwise (permissions, say).
+    #[error("{}: cannot connect: {source}", socket.display())]
+    Connect {
+        /// The control socket.
+        socket: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process behind the socket runs as another user (`SO_PEERCRED`); refused.
+    #[error("{}: the producer runs as uid {peer}, not as our uid {ours}; refusing it", socket.display())]
+    ForeignPeer {
+        /// The control socket.
+        socket: PathBuf,
+        /// The producer's uid.
+        peer: u32,
+        /// Our effective uid.
+        ours: u32,
+    },
+    /// The producer refused this consumer (or announced its end before admitting it).
+    #[error("{}: the producer rejected this consumer: {reason}", socket.display())]
+    Rejected {
+        /// The control socket.
+        socket: PathBuf,
+        /// The producer's reason.
+        reason: String,
+    },
+    /// The producer speaks another protocol version.
+    #[error("{}: protocol version mismatch: this consumer speaks {ours}, the producer {theirs}", socket.display())]
+    Version {
+        /// The control socket.
+        socket: PathBuf,
+        /// [`ladle_ring::PROTOCOL_VERSION`].
+        ours: u32,
+        /// The producer's version.
+        theirs: u32,
+    },
+    /// The batch size exceeds the ring's limit (half its capacity), so the producer could not
+    /// fill the next batch while this consumer holds one.
+    #[error("{}: batch size {batch_size} exceeds this ring's limit of {max} samples (half its capacity)", socket.display())]
+    BatchTooLarge {
+        /// The control socket.
+        socket: PathBuf,
+        /// The configured batch size.
+        batch_size: u32,
+        /// [`RingLayout::max_batch`](ladle_ring::RingLayout::max_batch).
+        max: u64,
+    },
+    /// The producer did not answer `Hello` within the handshake timeout.
+    #[error("{}: the producer did not answer within {timeout:?}", socket.display())]
+    HandshakeTimeout {
+        /// The control socket.
+        socket: PathBuf,
+        /// The timeout that passed.
+        timeout: Duration,
+    },
+    /// The control protocol failed during the handshake (the producer closed the connection,
+    /// sent garbage, an oversize frame…).
+    #[error("{}: handshake failed: {source}", socket.display())]
+    Protocol {
+        /// The control socket.
+        socket: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: ProtocolError,
+    },
+    /// `Welcome` came without the ring and cursor-page file descriptors.
+    #[error("{}: the producer's welcome carried {got} file descriptors, expected 2 (ring, cursor page)", socket.display())]
+    MissingFds {
+        /// The control socket.
+        socket: PathBuf,
+        /// How many arrived.
+        got: usize,
+    },
+    /// `Welcome` described a ring shape that cannot exist.
+    #[error("{}: the producer sent an invalid ring layout: {source}", socket.display())]
+    Layout {
+        /// The control socket.
+        socket: PathBuf,
+        /// Why the layout is invalid.
+        #[source]
+        source: LayoutError,
+    },
+    /// The producer announced a dataset of zero samples: there are no epochs to read.
+    #[error("{}: the producer's dataset is empty", socket.display())]
+    EmptyDataset {
+        /// The control socket.
+        socket: PathBuf,
+    },
+    /// Mapping the ring or the cursor page failed.
+    #[error("{}: cannot map the producer's shared memory: {source}", socket.display())]
+    Shm {
+        /// The control socket.
+        socket: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: ShmError,
+    },
+}
+
+/// Reading batches failed. Every variant except [`ConsumerError::TooManyBatchesHeld`] is
+/// final: the producer is gone for this consumer, and every later wait reports the same error.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// The producer closed the control socket (it exited, crashed or was killed) and the ring
+    /// holds no more of this consumer's samples.
+    #[error("{}: the producer is gone (control socket closed)", socket.display())]
+    ProducerGone {
+        /// The control socket.
+        socket: PathBuf,
+    },
+    /// The producer ended the stream (`End`, or the ring's end flag) and the ring holds no
+    /// more of this consumer's samples.
+    #[error("{}: the producer ended the stream: {reason}", socket.display())]
+    ProducerEnded {
+        /// The control socket.
+        socket: PathBuf,
+        /// The producer's reason.
+        reason: String,
+    },
+    /// The producer detached this consumer (e.g. it fell too far behind).
+    #[error("{}: the producer detached this consumer: {reason}", socket.display())]
+    Detached {
+        /// The control socket.
+        socket: PathBuf,
+        /// The producer's reason.
+        reason: String,
+    },
+    /// Handing out the next batch would exceed `max_batches_held`, or would need more of the
+    /// ring than the held batches leave free (which would deadlock). Not final: drop some
+    /// batches and ask again.
+    #[error(
+        "{held} batches are held and at most {max} can be held at once \
+         (max_batches_held, or what fits the ring); drop a batch before asking for the next"
+    )]
+    TooManyBatchesHeld {
+        /// Batches held now.
+        held: usize,
+        /// The most that can be held: `max_batches_held`, or fewer when the ring holds no
+        /// more of them.
+        max: usize,
+    },
+    /// The control protocol failed after the handshake (garbage or an oversize frame).
+    #[error("{}: control protocol failed: {source}", socket.display())]
+    Protocol {
+        /// The control socket.
+        socket: PathBuf,
+        /// What went wrong (shared, so that the error can be reported again).
+        #[source]
+        source: Arc<ProtocolError>,
+    },
+}
+
+impl ConsumerError {
+    /// Whether this error is final: the consumer will deliver no more batches.
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Self::TooManyBatchesHeld { .. })
+    }
+}

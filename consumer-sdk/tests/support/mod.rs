@@ -1,0 +1,312 @@
+//! A small producer for tests, built on `ladle-ring` directly: a real Unix socket in its own
+//! temporary directory, a real shared-memory ring, one consumer. Cleans up in `Drop`, and a
+//! watchdog aborts the test binary if a test deadlocks.
+
+#![allow(dead_code)] // each test file uses a different part
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ladle_ring::protocol::{
+    self, ClientMessage, DatasetInfo, PROTOCOL_VERSION, ServerMessage, Welcome,
+};
+use ladle_ring::{CursorPage, ProducerRing, RingLayout};
+
+/// Ring capacity of the test producer (8×8 images).
+pub(crate) const CAPACITY: u64 = 512;
+
+/// Aborts the process when not dropped within its limit: a deadlock fails loudly.
+pub(crate) struct Watchdog {
+    _done: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    pub(crate) fn new(what: &str, limit: Duration) -> Self {
+        let (done, wait) = mpsc::channel::<()>();
+        let what = what.to_owned();
+        std::thread::spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                eprintln!("watchdog: {what} still running after {limit:?}; deadlock? aborting");
+                std::process::abort();
+            }
+        });
+        Self { _done: done }
+    }
+}
+
+/// What the producer does once it has published every sample below `stop_at`.
+#[derive(Debug, Clone)]
+pub(crate) enum AtStop {
+    /// Keep the connection open and publish nothing more.
+    Hold,
+    /// Close the control socket (as a crashed producer's kernel would).
+    HangUp,
+    /// Send `End{reason}`, then mark the ring ended.
+    End(String),
+}
+
+/// How the test producer answers `Hello`.
+#[derive(Debug, Clone)]
+pub(crate) enum Behaviour {
+    /// Welcome, then publish samples `seq` with dataset index `seq % len` and label = index.
+    Serve {
+        len: u64,
+        start_seq: u64,
+        stop_at: Option<u64>,
+        at_stop: AtStop,
+    },
+    /// Answer `Reject{reason}`.
+    Reject(String),
+    /// Read the Hello and never answer.
+    Silent,
+    /// Welcome with the next protocol version.
+    WrongVersion,
+}
+
+impl Behaviour {
+    /// Serves forever.
+    pub(crate) fn serve(len: u64, start_seq: u64) -> Self {
+        Self::Serve {
+            len,
+            start_seq,
+            stop_at: None,
+            at_stop: AtStop::Hold,
+        }
+    }
+}
+
+/// The byte every pixel of dataset index `index` holds.
+pub(crate) fn pixel(index: u64) -> u8 {
+    (index % 251) as u8
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    saw_leave: AtomicBool,
+    saw_eof: AtomicBool,
+    cursor: Mutex<Option<Arc<CursorPage>>>,
+}
+
+/// The running test producer; stops and removes its socket when dropped.
+pub(crate) struct TestProducer {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    _watchdog: Watchdog,
+}
+
+impl TestProducer {
+    pub(crate) fn start(behaviour: Behaviour) -> Self {
+        let watchdog = Watchdog::new("a consumer test", Duration::from_secs(60));
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("producer.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let shared = shared.clone();
+            std::thread::spawn(move || accept_one(listener, behaviour, &shared))
+        };
+        Self {
+            dir,
+            socket,
+            shared,
+            thread: Some(thread),
+            _watchdog: watchdog,
+        }
+    }
+
+    pub(crate) fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The consumer's cursor as the producer sees it.
+    pub(crate) fn cursor(&self) -> u64 {
+        let page = self.shared.cursor.lock().unwrap();
+        page.as_ref().expect("no consumer joined").cursor()
+    }
+
+    /// Whether the consumer said `Leave`.
+    pub(crate) fn saw_leave(&self) -> bool {
+        self.shared.saw_leave.load(Ordering::SeqCst)
+    }
+
+    /// Whether the consumer's connection reached EOF.
+    pub(crate) fn saw_eof(&self) -> bool {
+        self.shared.saw_eof.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TestProducer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn stopped(shared: &Shared) -> bool {
+    shared.stop.load(Ordering::SeqCst)
+}
+
+fn accept_one(listener: UnixListener, behaviour: Behaviour, shared: &Shared) {
+    let sock = loop {
+        if stopped(shared) {
+            return;
+        }
+        match listener.accept() {
+            Ok((sock, _)) => break sock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    sock.set_nonblocking(false).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (hello, _) = protocol::recv::<ClientMessage>(&sock).unwrap();
+    let ClientMessage::Hello(hello) = hello else {
+        panic!("expected Hello, got {hello:?}")
+    };
+    assert_eq!(hello.version, PROTOCOL_VERSION);
+    match behaviour {
+        Behaviour::Reject(reason) => {
+            protocol::send(&sock, &ServerMessage::Reject { reason }, &[]).unwrap();
+            hold(&sock, shared);
+        }
+        Behaviour::Silent => hold(&sock, shared),
+        Behaviour::WrongVersion => {
+            let ring = ring();
+            let page = CursorPage::create(0).unwrap();
+            let mut welcome = welcome(&ring, 10, 0);
+            welcome.version = PROTOCOL_VERSION + 1;
+            protocol::send(
+                &sock,
+                &ServerMessage::Welcome(welcome),
+                &[ring.fd(), page.fd().unwrap()],
+            )
+            .unwrap();
+            hold(&sock, shared);
+        }
+        Behaviour::Serve {
+            len,
+            start_seq,
+            stop_at,
+            at_stop,
+        } => serve(sock, len, start_seq, stop_at, at_stop, shared),
+    }
+}
+
+fn ring() -> ProducerRing {
+    ProducerRing::create(RingLayout::new(CAPACITY, 8, 8).unwrap()).unwrap()
+}
+
+fn welcome(ring: &ProducerRing, len: u64, start_seq: u64) -> Welcome {
+    Welcome {
+        version: PROTOCOL_VERSION,
+        consumer_id: 1,
+        layout: *ring.layout(),
+        dataset: DatasetInfo {
+            len,
+            class_names: vec!["a".into(), "b".into()],
+            source: "test".into(),
+        },
+        start_seq,
+    }
+}
+
+/// Keeps the connection open until the test ends or the consumer leaves.
+fn hold(sock: &UnixStream, shared: &Shared) {
+    while !stopped(shared) {
+        if watch(sock, shared) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether the consumer has left (Leave or EOF).
+fn watch(sock: &UnixStream, shared: &Shared) -> bool {
+    match protocol::poll::<ClientMessage>(sock) {
+        Ok(None) => false,
+        Ok(Some(ClientMessage::Leave)) => {
+            shared.saw_leave.store(true, Ordering::SeqCst);
+            false
+        }
+        Ok(Some(other)) => panic!("unexpected {other:?}"),
+        Err(_) => {
+            shared.saw_eof.store(true, Ordering::SeqCst);
+            true
+        }
+    }
+}
+
+fn serve(
+    sock: UnixStream,
+    len: u64,
+    start_seq: u64,
+    stop_at: Option<u64>,
+    mut at_stop: AtStop,
+    shared: &Shared,
+) {
+    let ring = ring();
+    let page = Arc::new(CursorPage::create(start_seq).unwrap());
+    *shared.cursor.lock().unwrap() = Some(page.clone());
+    protocol::send(
+        &sock,
+        &ServerMessage::Welcome(welcome(&ring, len, start_seq)),
+        &[ring.fd(), page.fd().unwrap()],
+    )
+    .unwrap();
+    let limit = stop_at.unwrap_or(u64::MAX);
+    let mut seq = start_seq;
+    while !stopped(shared) {
+        if watch(&sock, shared) {
+            return;
+        }
+        let cursor = page.cursor();
+        // Publish in small chunks so that consumers really wait now and then.
+        let mut wrote = 0;
+        while wrote < 16
+            && seq < limit
+            && ladle_ring::protocol_core::may_write(seq, cursor, CAPACITY)
+        {
+            // SAFETY: one writer (this thread); `seq` is at the head and its slot's previous
+            // sample is below the only consumer's cursor.
+            let (image, label, index) = unsafe { ring.slot_mut(seq) };
+            *index = seq % len;
+            *label = *index as i64;
+            image.fill(pixel(*index));
+            seq += 1;
+            wrote += 1;
+        }
+        if wrote > 0 {
+            ring.publish(seq, page.is_waiting());
+        } else if seq >= limit {
+            match std::mem::replace(&mut at_stop, AtStop::Hold) {
+                AtStop::Hold => std::thread::sleep(Duration::from_millis(5)),
+                AtStop::HangUp => return,
+                AtStop::End(reason) => {
+                    // The message first, then the flag: a consumer that sees the flag finds
+                    // the reason waiting on its socket.
+                    protocol::send(&sock, &ServerMessage::End { reason }, &[]).unwrap();
+                    ring.end();
+                }
+            }
+        } else {
+            page.wait_for_release(cursor, Duration::from_millis(10));
+        }
+    }
+}
