@@ -78,7 +78,7 @@ impl ProducerRing {
             .map_err(ShmError::os("mapping the ring header"))?;
         let regions = Regions::map(fd.as_fd(), &layout, true)?;
         for m in [&regions.images, &regions.labels, &regions.indices] {
-            m.prefault()
+            m.prefault(true)
                 .map_err(ShmError::os("pre-faulting the ring"))?;
         }
         // From here on nobody can map the file writable or resize it: consumers get it
@@ -177,6 +177,10 @@ impl ConsumerRing {
         let header = Mapping::new(fd, 0, PAGE, false, false)
             .map_err(ShmError::os("mapping the ring header"))?;
         let regions = Regions::map(fd, &layout, false)?;
+        for m in [&regions.images, &regions.labels, &regions.indices] {
+            m.prefault(false)
+                .map_err(ShmError::os("pre-faulting the ring"))?;
+        }
         let ring = Self {
             layout,
             header,

@@ -245,11 +245,19 @@ impl Fixture {
     }
 }
 
-impl Drop for Fixture {
-    fn drop(&mut self) {
+impl Fixture {
+    /// Kills every process this fixture started (the socket file may be left behind;
+    /// `ladle serve` replaces a stale one).
+    pub fn kill_all(&mut self) {
         for child in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.kill_all();
     }
 }
