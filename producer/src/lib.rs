@@ -232,10 +232,14 @@ impl Producer {
         let size = config.augment.size();
         let layout = RingLayout::for_budget(config.ring_bytes, size, size)?;
         if let Some(lag) = config.max_lag {
-            if lag < layout.max_batch() {
+            // A consumer is never more than a ring behind (backpressure), so a lag of C or
+            // more could never trigger; below the largest batch it would detach at once.
+            if lag < layout.max_batch() || lag >= layout.capacity {
                 return Err(ProducerError::InvalidOption(format!(
-                    "max lag {lag} is below the largest batch ({})",
-                    layout.max_batch()
+                    "max lag {lag} must be between the largest batch ({}) and the ring's \
+                     capacity ({}) minus one",
+                    layout.max_batch(),
+                    layout.capacity
                 )));
             }
         }

@@ -201,3 +201,52 @@ fn garbage_wrong_versions_and_oversize_frames_drop_only_that_connection() {
         "consumer beside hostile connections",
     );
 }
+
+#[test]
+fn with_max_lag_a_laggard_is_detached_with_a_clear_error_and_the_others_go_on() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 48, 40);
+    // A 512-sample ring; detach anyone more than 300 samples behind.
+    let args = [
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--threads",
+        "2",
+        "--max-lag",
+        "300",
+    ];
+    fx.serve(&data, &args);
+    let laggard = fx.consume(32, 1000, &["--step-ms", "200"]);
+    let fast = fx.consume(32, 5, &[]);
+    assert_exact(&fx.wait(fast, GUARD), 5, "fast consumer");
+    let laggard = fx.wait(laggard, GUARD);
+    assert!(!laggard.status.success());
+    assert!(laggard.stderr.contains("detached"), "{}", laggard.stderr);
+}
+
+#[test]
+fn serve_refuses_a_max_lag_that_could_never_trigger() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(20, 48, 40);
+    let socket = fx.socket();
+    let args = [
+        "serve",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+    ];
+    let extra = [
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--max-lag",
+        "100000",
+    ];
+    let done = fx.run(&[&args[..], &extra[..]].concat(), GUARD);
+    assert!(!done.status.success());
+    assert!(done.stderr.contains("max lag"), "{}", done.stderr);
+}
