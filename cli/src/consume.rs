@@ -17,9 +17,13 @@ pub(crate) struct ConsumeArgs {
     /// Samples per batch (at most half the producer's ring).
     #[arg(long, value_name = "B", default_value_t = 32)]
     batch_size: u32,
-    /// Epochs to read.
-    #[arg(long, value_name = "E", default_value_t = 1)]
-    epochs: u64,
+    /// Epochs to read (default: 1, or unlimited with --seconds).
+    #[arg(long, value_name = "E")]
+    epochs: Option<u64>,
+    /// Stop after this many seconds (at the next batch boundary); an unfinished epoch is
+    /// reported with "complete": false.
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
     /// Skip each epoch's last, partial batch.
     #[arg(long)]
     drop_last: bool,
@@ -115,7 +119,18 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let expected = consumer.samples_per_epoch();
     let started = Instant::now();
     let mut total_samples = 0u64;
-    for _ in 0..args.epochs {
+    let epochs = args
+        .epochs
+        .unwrap_or(if args.seconds.is_some() { u64::MAX } else { 1 });
+    let deadline = args
+        .seconds
+        .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
+    let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
+    let mut finished_epochs = 0u64;
+    for _ in 0..epochs {
+        if out_of_time() {
+            break;
+        }
         let epoch = consumer.epoch();
         let number = epoch.number();
         let epoch_started = Instant::now();
@@ -128,11 +143,17 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             if !step.is_zero() {
                 std::thread::sleep(step);
             }
+            drop(batch);
+            if out_of_time() {
+                break;
+            }
         }
         let elapsed = epoch_started.elapsed();
+        let complete = coverage.delivered >= expected;
+        finished_epochs += u64::from(complete);
         let samples = coverage.delivered;
         total_samples += samples;
-        let exact = coverage.exact(expected);
+        let exact = complete && coverage.exact(expected);
         let rate = per_second(samples, elapsed);
         if args.json {
             let line = serde_json::json!({
@@ -140,6 +161,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 "batches": batches,
                 "samples": samples,
                 "exact_coverage": exact,
+                "complete": complete,
                 "seconds": elapsed.as_secs_f64(),
                 "samples_per_s": rate,
                 "start_seq": consumer.start_seq(),
@@ -159,13 +181,13 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let line = serde_json::json!({
             "samples_per_s": rate,
             "samples": total_samples,
-            "epochs": args.epochs,
+            "epochs": finished_epochs,
+            "seconds": started.elapsed().as_secs_f64(),
         });
         println!("{line}");
     } else {
         println!(
-            "read {} epochs, {total_samples} samples, {rate:.0} samples/s overall",
-            args.epochs
+            "read {finished_epochs} epochs, {total_samples} samples, {rate:.0} samples/s overall"
         );
     }
     Ok(())

@@ -1,29 +1,33 @@
-//! `ladle demo`: the embedded synthetic dataset, generated once and cached, pushed through the
-//! decode + augment pipeline.
+//! `ladle demo`: what sharing buys, in one command, on the embedded synthetic dataset.
 //!
-//! Today the demo measures the producer's pipeline (samples/s and CPU-seconds per thread
-//! count); the shared-memory fan-out to several consumers joins it when the ring lands.
+//! It generates the dataset once (cached), then runs `ladle bench fanout`'s comparison with
+//! four consumers (batch 32, 64, 128, 256; the last joins late): first one producer feeding
+//! four consumer processes, then four processes each running a private pipeline on the same
+//! cores, and prints both tables and the ratios. Ctrl-C stops it and its children.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use clap::Args;
-use ladle_datasets::prelude::*;
 use ladle_datasets::synth::SynthConfig;
 
+use crate::bench::{FanoutArgs, Mode, fanout, print_report};
 use crate::dataset::generate;
 
 /// Version of the embedded dataset's recipe: bump to regenerate caches.
 const DEMO_DATASET_VERSION: u32 = 2;
+/// Samples in the embedded dataset.
+pub(crate) const DEMO_SAMPLES: u64 = 1000;
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Seconds to run each pipeline configuration.
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds each of the two modes runs.
+    #[arg(long, default_value_t = 15.0)]
     seconds: f64,
     /// Samples in the embedded dataset.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = DEMO_SAMPLES)]
     samples: u64,
     /// Where the embedded dataset is cached (default: $LADLE_CACHE_DIR, else
     /// $XDG_CACHE_HOME/ladle, else ~/.cache/ladle).
@@ -32,6 +36,9 @@ pub(crate) struct DemoArgs {
     /// Output image side in pixels.
     #[arg(long, default_value_t = 224)]
     image_size: u32,
+    /// Decode threads in total (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// The cache directory for generated datasets.
@@ -74,87 +81,38 @@ pub(crate) fn embedded_dataset(cache: Option<PathBuf>, samples: u64) -> anyhow::
     Ok(dir)
 }
 
-/// CPU time (user + system) this process has used so far, all threads.
-fn cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a `rusage` into the pointer it is given, which points at
-    // writable memory of that type; RUSAGE_SELF is a valid `who`.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-    if rc != 0 {
-        return Duration::ZERO;
+/// Sets the returned flag on SIGINT and SIGTERM.
+pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
-    // SAFETY: getrusage returned 0, so it initialised the struct (and it was zeroed anyway).
-    let usage = unsafe { usage.assume_init() };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    Ok(stop)
 }
 
 pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let dir = embedded_dataset(args.cache_dir, args.samples)?;
-    let dataset = ladle_datasets::open(&dir)?;
-    let augment = Augment::train(args.image_size);
-    let cores = ladle_datasets::pipeline::default_threads();
+    let dataset = embedded_dataset(args.cache_dir, args.samples)?;
+    let fanout_args = FanoutArgs {
+        dataset: Some(dataset.clone()),
+        consumers: vec![32, 64, 128, 256],
+        seconds: args.seconds,
+        mode: Mode::Both,
+        threads: args.threads,
+        image_size: args.image_size,
+        late_join: (args.seconds / 5.0).min(3.0),
+        json: false,
+    };
     println!(
-        "dataset {}: {} samples, {} classes; RandomResizedCrop({}) + flip",
-        dir.display(),
-        dataset.len(),
-        dataset.class_names().len(),
-        args.image_size
+        "ladle demo: {} ({} samples), RandomResizedCrop({}) + flip, four consumers with batch \
+         sizes 32, 64, 128, 256 (the last joins {:.0} s late), {:.0} s per mode",
+        dataset.display(),
+        args.samples,
+        args.image_size,
+        fanout_args.late_join,
+        args.seconds
     );
-    println!(
-        "{:>8} {:>12} {:>14} {:>10}",
-        "threads", "samples/s", "CPU-s/1000", "skipped"
-    );
-    let mut rates = Vec::new();
-    let mut thread_counts = vec![1];
-    if cores > 1 {
-        thread_counts.push(cores);
-    }
-    for threads in thread_counts {
-        let pipeline = PipelineConfig {
-            threads,
-            augment,
-            seed: 0,
-            ..Default::default()
-        }
-        .build()?;
-        let sink = SlotBuffer::new(threads * 16, augment.output_len());
-        let sampler = EpochSampler::new(dataset.len(), 0);
-        let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
-        let items = (0u64..)
-            .flat_map(|epoch| {
-                sampler
-                    .order(epoch)
-                    .into_iter()
-                    .map(move |index| (epoch, index))
-            })
-            .enumerate()
-            .map(|(seq, (epoch, index))| WorkItem {
-                seq: seq as u64,
-                index,
-                epoch,
-            })
-            .take_while(|_| Instant::now() < deadline);
-        let (start, cpu0) = (Instant::now(), cpu_time());
-        let stats = pipeline.run(dataset.as_ref(), items, &sink)?;
-        let (wall, cpu) = (
-            start.elapsed().as_secs_f64(),
-            (cpu_time() - cpu0).as_secs_f64(),
-        );
-        let rate = stats.written as f64 / wall;
-        rates.push(rate);
-        println!(
-            "{threads:>8} {rate:>12.1} {:>14.2} {:>10}",
-            cpu / stats.written.max(1) as f64 * 1000.0,
-            stats.skipped
-        );
-    }
-    if let [one, many] = rates[..] {
-        println!("scaling {cores} threads / 1 thread: {:.2}x", many / one);
-    }
-    println!(
-        "(this demo shows the producer's decode+augment pipeline; the shared-memory fan-out \
-         to many consumers is not built yet)"
-    );
+    let stop = stop_flag()?;
+    let report = fanout(&fanout_args, &stop)?;
+    print_report(&report);
     Ok(())
 }

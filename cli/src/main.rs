@@ -4,6 +4,7 @@
 //! and nothing else. Every subcommand's logic lives in a crate; this binary parses arguments,
 //! draws progress bars and prints reports.
 
+mod bench;
 mod consume;
 mod dataset;
 mod demo;
@@ -26,11 +27,15 @@ enum Command {
     /// Generate, check and describe datasets.
     #[command(subcommand)]
     Dataset(dataset::DatasetCommand),
-    /// Show ladle at work on the embedded synthetic dataset (generated once, then cached).
+    /// Show what sharing buys: one producer feeding four consumers against four private
+    /// pipelines, on the embedded synthetic dataset (generated once, then cached).
     Demo(demo::DemoArgs),
     /// Decode and augment a dataset once into shared memory and serve it to consumers on a
     /// Unix socket, until Ctrl-C or SIGTERM.
     Serve(serve::ServeArgs),
+    /// Benchmarks: shared loading against private pipelines.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// A reference consumer: read epochs from a producer and check that each one holds every
     /// sample exactly once.
     Consume(consume::ConsumeArgs),
@@ -51,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Consume(args) => consume::run(args),
+        Command::Bench(cmd) => bench::run(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -81,7 +81,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         layout.width,
         layout.max_batch()
     );
-    producer.wait().context("the producer failed")?;
-    eprintln!("stopped; consumers were told the stream ended");
+    let started = std::time::Instant::now();
+    let published = producer.wait().context("the producer failed")?;
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("stopped after publishing {published} samples; consumers were told the stream ended");
+    // One machine-readable summary on stdout (used by `ladle bench` and `ladle demo`).
+    let summary = serde_json::json!({
+        "published": published,
+        "seconds": seconds,
+        "samples_per_s": published as f64 / seconds.max(f64::EPSILON),
+    });
+    println!("{summary}");
     Ok(())
 }

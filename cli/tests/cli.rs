@@ -153,3 +153,58 @@ fn demo_runs_on_a_small_cached_dataset() {
     let out = ladle(&[&args[..], &["--cache-dir", dir]].concat());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("generating"));
 }
+
+#[test]
+fn bench_fanout_json_reports_both_modes_with_cpu_time_from_the_os() {
+    let dir = tempfile::tempdir().unwrap();
+    generate("imagefolder", 40, dir.path());
+    let data = dir.path().to_str().unwrap();
+    let report = ok_json(&[
+        "bench",
+        "fanout",
+        "--dataset",
+        data,
+        "--consumers",
+        "8,16",
+        "--seconds",
+        "1.5",
+        "--image-size",
+        "32",
+        "--json",
+    ]);
+    for mode in ["shared", "independent"] {
+        let m = &report["modes"][mode];
+        assert!(
+            m["aggregate_samples_per_s"].as_f64().unwrap() > 0.0,
+            "{mode}: {m}"
+        );
+        assert!(m["cpu_seconds"].as_f64().unwrap() > 0.0, "{mode}: {m}");
+        assert!(
+            m["samples_per_cpu_second"].as_f64().unwrap() > 0.0,
+            "{mode}: {m}"
+        );
+        let consumers = m["consumers"].as_array().unwrap();
+        let sizes: Vec<u64> = consumers
+            .iter()
+            .map(|c| c["batch_size"].as_u64().unwrap())
+            .collect();
+        assert_eq!(sizes, [8, 16]);
+        assert!(
+            consumers
+                .iter()
+                .all(|c| c["samples_per_s"].as_f64().unwrap() > 0.0)
+        );
+    }
+    for c in report["modes"]["shared"]["consumers"].as_array().unwrap() {
+        assert_ne!(c["exact_coverage"], false, "{c}");
+    }
+    let shared = report["modes"]["shared"]["aggregate_samples_per_s"]
+        .as_f64()
+        .unwrap();
+    let independent = report["modes"]["independent"]["aggregate_samples_per_s"]
+        .as_f64()
+        .unwrap();
+    let speedup = report["speedup"].as_f64().unwrap();
+    assert!((speedup - shared / independent).abs() < 1e-6 * speedup);
+    assert!(report["cpu_efficiency_gain"].as_f64().unwrap() > 0.0);
+}

@@ -327,9 +327,10 @@ impl Producer {
     }
 
     /// Waits until the producer stops (after [`Producer::stop`] or the stop flag), tells every
-    /// consumer `End`, and removes the socket file.
-    pub fn wait(mut self) -> Result<(), ProducerError> {
-        self.join()
+    /// consumer `End`, and removes the socket file. Returns the samples published.
+    pub fn wait(mut self) -> Result<u64, ProducerError> {
+        self.join()?;
+        Ok(self.published())
     }
 
     fn join(&mut self) -> Result<(), ProducerError> {
