@@ -66,6 +66,9 @@ pub(crate) struct FanoutArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Write a PNG bar chart comparing the modes.
+    #[arg(long, value_name = "FILE.png")]
+    pub(crate) plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +104,12 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 print_report(&report);
+            }
+            if let Some(path) = &args.plot {
+                crate::plot::fanout(&report, path)?;
+                if !args.json {
+                    println!("chart written to {}", path.display());
+                }
             }
             Ok(())
         }
@@ -236,14 +245,22 @@ fn children_cpu() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// A child process whose output is read on threads as it comes (a full pipe would stall it).
+struct Proc {
+    name: String,
+    child: Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
 /// Children of one mode, killed if dropped before they were waited for (an error, Ctrl-C).
-struct Procs(Vec<(String, Option<Child>)>);
+struct Procs(Vec<Option<Proc>>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        for child in self.0.iter_mut().filter_map(|(_, c)| c.as_mut()) {
-            let _ = child.kill();
-            let _ = child.wait();
+        for p in self.0.iter_mut().flatten() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
         }
     }
 }
@@ -254,38 +271,57 @@ fn ladle() -> anyhow::Result<Command> {
     ))
 }
 
+fn read_all(pipe: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
 fn spawn(procs: &mut Procs, name: String, cmd: &mut Command) -> anyhow::Result<usize> {
-    let child = cmd
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {name}"))?;
-    procs.0.push((name, Some(child)));
+    let (stdout, stderr) = (read_all(child.stdout.take()), read_all(child.stderr.take()));
+    procs.0.push(Some(Proc {
+        name,
+        child,
+        stdout,
+        stderr,
+    }));
     Ok(procs.0.len() - 1)
+}
+
+/// Whether child `i` has exited.
+fn exited(procs: &mut Procs, i: usize) -> anyhow::Result<bool> {
+    match procs.0[i].as_mut() {
+        Some(p) => Ok(p.child.try_wait()?.is_some()),
+        None => Ok(true),
+    }
 }
 
 /// Waits for child `i`, watching `stop`; returns its stdout's JSON lines.
 fn finish(procs: &mut Procs, i: usize, stop: &AtomicBool) -> anyhow::Result<Vec<Value>> {
-    let (name, slot) = &mut procs.0[i];
-    let child = slot.as_mut().context("waited for twice")?;
-    while child.try_wait()?.is_none() {
+    while !exited(procs, i)? {
         if stop.load(Ordering::SeqCst) {
             bail!("interrupted");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = slot
-        .take()
-        .context("waited for twice")?
-        .wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{name} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    let mut p = procs.0[i].take().context("waited for twice")?;
+    let status = p.child.wait()?;
+    let stdout = p.stdout.join().unwrap_or_default();
+    let stderr = p.stderr.join().unwrap_or_default();
+    if !status.success() {
+        bail!("{} failed ({status}): {}", p.name, stderr.trim());
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    Ok(stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect())
@@ -324,13 +360,7 @@ fn shared_mode(
     )?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        let exited = procs.0[serve]
-            .1
-            .as_mut()
-            .map(|c| c.try_wait())
-            .transpose()?
-            .flatten();
-        if exited.is_some() {
+        if exited(&mut procs, serve)? {
             finish(&mut procs, serve, stop)?;
             bail!("ladle serve exited before accepting connections");
         }
@@ -387,9 +417,9 @@ fn shared_mode(
         });
     }
     // Stop the producer as Ctrl-C would, so that it reports what it published.
-    if let Some(child) = procs.0[serve].1.as_ref() {
+    if let Some(p) = procs.0[serve].as_ref() {
         // SAFETY: kill(2) on a child we spawned and have not waited for, so the pid is ours.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(p.child.id() as libc::pid_t, libc::SIGTERM) };
     }
     let producer = finish(&mut procs, serve, stop)?;
     let wall = start.elapsed().as_secs_f64();

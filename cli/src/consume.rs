@@ -30,7 +30,7 @@ pub(crate) struct ConsumeArgs {
     /// Print one JSON object per line: one per epoch, then a summary.
     #[arg(long)]
     json: bool,
-    /// A name for the producer's logs (default: consumer-<pid>).
+    /// A name for the producer's logs (default: `consumer-<pid>`).
     #[arg(long, value_name = "NAME")]
     name: Option<String>,
     /// Milliseconds to sleep per batch while holding it, to emulate a training step.

@@ -101,6 +101,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
         image_size: args.image_size,
         late_join: (args.seconds / 5.0).min(3.0),
         json: false,
+        plot: None,
     };
     println!(
         "ladle demo: {} ({} samples), RandomResizedCrop({}) + flip, four consumers with batch \

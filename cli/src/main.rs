@@ -8,6 +8,7 @@ mod bench;
 mod consume;
 mod dataset;
 mod demo;
+mod plot;
 mod progress;
 mod serve;
 

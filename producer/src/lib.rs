@@ -3,7 +3,7 @@
 //! In `DESIGN.md`'s picture this crate is the producer: *sampler → decode+augment threads →
 //! sample ring*, plus the control server on a Unix socket that admits and drops consumers.
 //!
-//! - The feed ([`feed`]) turns sequence numbers into dataset indices: seeded per-epoch
+//! - The feed (module `feed`) turns sequence numbers into dataset indices: seeded per-epoch
 //!   permutations, reshuffled only inside segments between late joiners' cut points, so every
 //!   consumer sees every sample exactly once per own epoch whenever it joined.
 //! - The pipeline ([`ladle_datasets::pipeline::Pipeline`]) runs `T` threads that write each

@@ -66,11 +66,26 @@ impl Finished {
     }
 }
 
+/// A reader thread collecting one pipe of a child as it comes, so a chatty child never
+/// blocks on a full pipe.
+type Collector = std::thread::JoinHandle<String>;
+
+fn collect(pipe: Option<impl Read + Send + 'static>) -> Collector {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            pipe.read_to_string(&mut text).ok();
+        }
+        text
+    })
+}
+
 /// One test's world: a temporary directory and the processes started in it.
 #[derive(Debug)]
 pub struct Fixture {
     dir: tempfile::TempDir,
     children: Vec<Child>,
+    output: Vec<Option<(Collector, Collector)>>,
 }
 
 impl Default for Fixture {
@@ -85,6 +100,7 @@ impl Fixture {
         Self {
             dir: tempfile::tempdir().unwrap(),
             children: Vec::new(),
+            output: Vec::new(),
         }
     }
 
@@ -128,13 +144,17 @@ impl Fixture {
 
     /// Starts `ladle ARGS` with piped output; returns its handle.
     pub fn spawn(&mut self, args: &[&str]) -> usize {
-        let child = Command::new(ladle_bin())
+        let mut child = Command::new(ladle_bin())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn ladle");
+        self.output.push(Some((
+            collect(child.stdout.take()),
+            collect(child.stderr.take()),
+        )));
         self.children.push(child);
         self.children.len() - 1
     }
@@ -192,35 +212,20 @@ impl Fixture {
         assert!(status.success());
     }
 
+    /// Everything child `i` wrote, once it has exited.
     fn drain(&mut self, i: usize) -> (String, String) {
-        let child = &mut self.children[i];
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(s) = child.stdout.as_mut() {
-            s.read_to_string(&mut out).ok();
+        match self.output[i].take() {
+            Some((out, err)) => (
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default(),
+            ),
+            None => (String::new(), String::new()),
         }
-        if let Some(s) = child.stderr.as_mut() {
-            s.read_to_string(&mut err).ok();
-        }
-        (out, err)
     }
 
     /// Waits for child `i` to exit; kills it and fails the test if it takes longer than
     /// `timeout` (a deadlock guard).
     pub fn wait(&mut self, i: usize, timeout: Duration) -> Finished {
-        // Drain pipes on threads so that a chatty child never blocks on a full pipe.
-        let mut stdout = self.children[i].stdout.take().unwrap();
-        let mut stderr = self.children[i].stderr.take().unwrap();
-        let out = std::thread::spawn(move || {
-            let mut s = String::new();
-            stdout.read_to_string(&mut s).ok();
-            s
-        });
-        let err = std::thread::spawn(move || {
-            let mut s = String::new();
-            stderr.read_to_string(&mut s).ok();
-            s
-        });
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(status) = self.children[i].try_wait().unwrap() {
@@ -229,18 +234,19 @@ impl Fixture {
             if Instant::now() > deadline {
                 let _ = self.children[i].kill();
                 let _ = self.children[i].wait();
+                let pid = self.pid(i);
                 panic!(
-                    "ladle (pid {}) did not finish within {timeout:?}: stderr {}",
-                    self.pid(i),
-                    err.join().unwrap_or_default()
+                    "ladle (pid {pid}) did not finish within {timeout:?}: stderr {}",
+                    self.drain(i).1
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        let (stdout, stderr) = self.drain(i);
         Finished {
             status,
-            stdout: out.join().unwrap(),
-            stderr: err.join().unwrap(),
+            stdout,
+            stderr,
         }
     }
 }
