@@ -1,15 +1,15 @@
 //! The consumer: the handshake, epochs, and zero-copy batches that release on drop.
 
-use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::io::ErrorKind;
 use std::iter::FusedIterator;
+use std::ops::Deref;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use ladle_ring::protocol::{self, ClientMessage, DatasetInfo, Hello, ServerMessage};
 use ladle_ring::{ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, sys};
@@ -24,37 +24,58 @@ const POLL: Duration = Duration::from_millis(100);
 /// A training process's connection to a producer: the control socket, the ring mapped
 /// read-only, and this consumer's cursor page.
 ///
-/// Read with [`Consumer::epoch`]; each [`Batch`] borrows the consumer, so several can be held
-/// at once (up to [`ConsumerConfig::max_batches_held`]). Dropping the consumer tells the
-/// producer it leaves. A `Consumer` can move between threads but is not shared by them.
+/// Read with [`Consumer::epoch`] (batches borrow the consumer) or, from an `Arc<Consumer>`,
+/// with [`Consumer::shared_epoch`] (batches own a reference: what language bindings use).
+/// Several batches can be held at once (up to [`ConsumerConfig::max_batches_held`]).
+/// Dropping the consumer tells the producer it leaves. A `Consumer` is `Send` and `Sync`:
+/// batches may be dropped on any thread, and threads sharing one epoch iterator each get
+/// whole, distinct batches.
 #[derive(Debug)]
 pub struct Consumer {
     socket: PathBuf,
-    sock: UnixStream,
+    /// Locked while a frame is read, so that two threads never split one.
+    sock: Mutex<UnixStream>,
     ring: ConsumerRing,
     cursor: CursorPage,
     config: ConsumerConfig,
     consumer_id: u64,
     dataset: DatasetInfo,
     start_seq: u64,
-    state: State,
+    state: Mutex<State>,
 }
 
-/// What changes while batches are handed out and dropped (behind `&Consumer`).
+// A consumer is shared by the batches of a `SharedEpoch`, which bindings hand to any thread.
+const _: fn() = || {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<Consumer>();
+    send_and_sync::<SharedBatch>();
+    send_and_sync::<SharedEpoch>();
+};
+
+/// What changes while batches are handed out and dropped. Locked only for bookkeeping, never
+/// across a wait.
 #[derive(Debug)]
 struct State {
     /// The first sequence number not yet handed out (or skipped).
-    next_seq: Cell<u64>,
+    next_seq: u64,
     /// The number the next [`Consumer::epoch`] call gives its epoch.
-    next_epoch: Cell<u64>,
+    next_epoch: u64,
     /// The epoch whose iterator is current; older iterators yield nothing more.
-    current_epoch: Cell<Option<u64>>,
-    /// `first_seq` of every batch still held.
-    held: RefCell<BTreeSet<u64>>,
+    current_epoch: Option<u64>,
+    /// `first_seq` of every batch held, including one being waited for.
+    held: BTreeSet<u64>,
     /// What the cursor page says was released.
-    released: Cell<u64>,
+    released: u64,
     /// The final error, once the producer is gone for this consumer.
-    fatal: RefCell<Option<ConsumerError>>,
+    fatal: Option<ConsumerError>,
+}
+
+/// What [`Consumer::reserve`] decided for an epoch's next batch.
+enum Reserve {
+    /// The epoch is over (or superseded by a newer one).
+    Done,
+    /// The batch `first..first + count`, now counted as held.
+    Batch { first: u64, count: u64 },
 }
 
 impl Consumer {
@@ -184,21 +205,21 @@ impl Consumer {
         let start_seq = welcome.start_seq;
         Ok(Self {
             socket,
-            sock,
+            sock: Mutex::new(sock),
             ring,
             cursor,
             config,
             consumer_id: welcome.consumer_id,
             dataset: welcome.dataset,
             start_seq,
-            state: State {
-                next_seq: Cell::new(start_seq),
-                next_epoch: Cell::new(0),
-                current_epoch: Cell::new(None),
-                held: RefCell::new(BTreeSet::new()),
-                released: Cell::new(start_seq),
-                fatal: RefCell::new(None),
-            },
+            state: Mutex::new(State {
+                next_seq: start_seq,
+                next_epoch: 0,
+                current_epoch: None,
+                held: BTreeSet::new(),
+                released: start_seq,
+                fatal: None,
+            }),
         })
     }
 
@@ -211,25 +232,46 @@ impl Consumer {
     /// stay valid until dropped.
     #[must_use = "an epoch yields nothing unless iterated, and discarding it skips the epoch"]
     pub fn epoch(&self) -> Epoch<'_> {
-        let number = self.state.next_epoch.get();
-        self.state.next_epoch.set(number.saturating_add(1));
-        self.state.current_epoch.set(Some(number));
-        let begin = self.epoch_start(number);
-        if self.state.next_seq.get() < begin {
-            self.state.next_seq.set(begin);
-            self.release_free();
-        }
-        Epoch {
+        let (number, end) = self.begin_epoch();
+        EpochOf {
             consumer: self,
             number,
-            end: self.epoch_start(number.saturating_add(1)),
+            end,
             done: false,
         }
     }
 
+    /// [`Consumer::epoch`] for a consumer behind an [`Arc`]: the epoch and its batches each
+    /// hold a reference instead of a borrow, so they can be stored, sent to other threads or
+    /// handed to another language's garbage collector. Same rules otherwise.
+    #[must_use = "an epoch yields nothing unless iterated, and discarding it skips the epoch"]
+    pub fn shared_epoch(self: &Arc<Self>) -> SharedEpoch {
+        let (number, end) = self.begin_epoch();
+        EpochOf {
+            consumer: Arc::clone(self),
+            number,
+            end,
+            done: false,
+        }
+    }
+
+    /// Makes epoch `next_epoch` current; returns its number and one past its last sequence.
+    fn begin_epoch(&self) -> (u64, u64) {
+        let mut state = self.state();
+        let number = state.next_epoch;
+        state.next_epoch = number.saturating_add(1);
+        state.current_epoch = Some(number);
+        let begin = self.epoch_start(number);
+        if state.next_seq < begin {
+            state.next_seq = begin;
+            self.release_locked(&mut state);
+        }
+        (number, self.epoch_start(number.saturating_add(1)))
+    }
+
     /// How many epochs were started: the number the next [`Consumer::epoch`] gives its epoch.
     pub fn epoch_number(&self) -> u64 {
-        self.state.next_epoch.get()
+        self.state().next_epoch
     }
 
     /// The dataset the producer serves (its length is this consumer's epoch length).
@@ -281,7 +323,13 @@ impl Consumer {
 
     /// Batches handed out and not yet dropped.
     pub fn held_batches(&self) -> usize {
-        self.state.held.try_borrow().map_or(0, |held| held.len())
+        self.state().held.len()
+    }
+
+    /// The bookkeeping, even if a thread panicked while holding it (every update leaves it
+    /// consistent, and pinning too much is the safe side).
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn epoch_start(&self, number: u64) -> u64 {
@@ -289,65 +337,91 @@ impl Consumer {
             .saturating_add(number.saturating_mul(self.dataset.len))
     }
 
-    /// Whether `count` samples from `next` may be handed out without exceeding
-    /// `max_batches_held` or pinning more than the ring holds (a deadlock: the producer
-    /// could never write the batch's end).
-    fn check_room(&self, next: u64, count: u64) -> Result<(), ConsumerError> {
-        let held = self.held_batches();
+    /// Takes the next batch of epoch `number` (ending before `end`) and counts it as held, if
+    /// that exceeds neither `max_batches_held` nor what the ring holds beside the batches
+    /// held (a deadlock: the producer could never write the batch's end).
+    fn reserve(&self, number: u64, end: u64) -> Result<Reserve, ConsumerError> {
+        let mut state = self.state();
+        let Some((next, count)) = self.next_span(&state, number, end) else {
+            return Ok(Reserve::Done);
+        };
+        let held = state.held.len();
         let max = self.config.max_batches_held;
         if held >= max {
             return Err(ConsumerError::TooManyBatchesHeld { held, max });
         }
-        let floor = self.oldest_held().map_or(next, |oldest| oldest.min(next));
+        let floor = state.held.first().map_or(next, |&oldest| oldest.min(next));
         if next.saturating_add(count) > floor.saturating_add(self.ring.layout().capacity) {
             return Err(ConsumerError::TooManyBatchesHeld { held, max: held });
         }
-        Ok(())
+        // Tracked before it is handed out: the cursor must not pass it.
+        state.next_seq = next + count;
+        state.held.insert(next);
+        Ok(Reserve::Batch { first: next, count })
     }
 
-    fn oldest_held(&self) -> Option<u64> {
-        self.state
-            .held
-            .try_borrow()
-            .ok()
-            .and_then(|held| held.first().copied())
+    /// The first sequence number and length of epoch `number`'s next batch (the epoch ends
+    /// before `end`), or `None` when it has no more: read to its end, only a partial batch
+    /// left under `drop_last`, or superseded by a newer epoch.
+    fn next_span(&self, state: &State, number: u64, end: u64) -> Option<(u64, u64)> {
+        if state.current_epoch != Some(number) {
+            return None;
+        }
+        let next = state.next_seq;
+        let remaining = end.saturating_sub(next);
+        let batch_size = u64::from(self.config.batch_size);
+        if remaining == 0 || (self.config.drop_last && remaining < batch_size) {
+            return None;
+        }
+        Some((next, remaining.min(batch_size)))
+    }
+
+    /// Stops holding the batch starting at `first` and moves the cursor as far as it may go.
+    fn unhold(&self, first: u64) {
+        let mut state = self.state();
+        state.held.remove(&first);
+        self.release_locked(&mut state);
     }
 
     /// Moves the cursor up to the oldest held batch, or to the next sequence not handed out
     /// when none is held; never past the head (skipped samples are released as they are
     /// published) and never backwards.
-    fn release_free(&self) {
-        let next = self.state.next_seq.get();
-        let target = self.oldest_held().map_or(next, |oldest| oldest.min(next));
+    fn release_locked(&self, state: &mut State) {
+        let next = state.next_seq;
+        let target = state.held.first().map_or(next, |&oldest| oldest.min(next));
         let target = target.min(self.ring.head());
-        if target > self.state.released.get() {
+        if target > state.released {
             self.cursor.release(target);
-            self.state.released.set(target);
+            state.released = target;
         }
     }
 
+    fn release_free(&self) {
+        let mut state = self.state();
+        self.release_locked(&mut state);
+    }
+
     fn fatal(&self) -> Option<ConsumerError> {
-        self.state
-            .fatal
-            .try_borrow()
-            .ok()
-            .and_then(|fatal| fatal.clone())
+        self.state().fatal.clone()
     }
 
     fn set_fatal(&self, error: ConsumerError) {
         tracing::warn!(consumer_id = self.consumer_id, "{error}");
-        if let Ok(mut fatal) = self.state.fatal.try_borrow_mut() {
-            fatal.get_or_insert(error);
-        }
+        self.state().fatal.get_or_insert(error);
     }
 
     /// Sleeps until every sample below `end` is published, checking the control socket at
     /// every wake-up (at least every [`POLL`]) so that a dead producer is an error, not a hang.
     fn wait_for(&self, end: u64) -> Result<(), ConsumerError> {
+        self.wait_until(end, None).map(|_| ())
+    }
+
+    /// [`Consumer::wait_for`] that gives up at `deadline`: `Ok(false)` when it passed first.
+    fn wait_until(&self, end: u64, deadline: Option<Instant>) -> Result<bool, ConsumerError> {
         loop {
             let head = self.ring.head();
             if head >= end {
-                return Ok(());
+                return Ok(true);
             }
             if let Some(error) = self.fatal() {
                 return Err(error);
@@ -365,15 +439,35 @@ impl Consumer {
                 // Look at the head once more: it may have moved before the end.
                 continue;
             }
-            self.ring.wait_for_head(&self.cursor, head, POLL);
+            let mut timeout = POLL;
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                timeout = timeout.min(left);
+            }
+            self.ring.wait_for_head(&self.cursor, head, timeout);
             self.check_socket();
         }
+    }
+
+    /// The address and length of this process's read-only mapping of the image region (both
+    /// halves of the double mapping): what a CUDA binding registers (`cuMemHostRegister`,
+    /// read-only flag) so that copies from batches run from pinned memory. Every batch's
+    /// images lie inside it.
+    pub fn images_region(&self) -> (*const u8, usize) {
+        self.ring.images_mapping()
     }
 
     /// Reads whatever the producer has said, without blocking.
     fn check_socket(&self) {
         let socket = || self.socket.clone();
-        match protocol::poll::<ServerMessage>(&self.sock) {
+        let polled = {
+            let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+            protocol::poll::<ServerMessage>(&sock)
+        };
+        match polled {
             Ok(None) => {}
             Ok(Some(ServerMessage::End { reason })) => {
                 self.set_fatal(ConsumerError::ProducerEnded {
@@ -416,34 +510,60 @@ impl Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
+        let sock = self.sock.get_mut().unwrap_or_else(PoisonError::into_inner);
         // Best effort: closing the socket, which follows, is a leave as well.
-        if let Err(e) = protocol::send(&self.sock, &ClientMessage::Leave, &[]) {
+        if let Err(e) = protocol::send(sock, &ClientMessage::Leave, &[]) {
             tracing::debug!(consumer_id = self.consumer_id, "sending Leave failed: {e}");
         }
     }
 }
 
-/// One epoch of a [`Consumer`]: an iterator of its batches, made by [`Consumer::epoch`].
+/// One epoch of a [`Consumer`]: an iterator of its batches, made by [`Consumer::epoch`]
+/// (`Epoch<'_>`, borrowing) or [`Consumer::shared_epoch`] ([`SharedEpoch`], owning an
+/// `Arc`). `C` is how the epoch and its batches reach the consumer.
 ///
 /// Yields `Err` when the producer is gone (then nothing more), or
 /// [`ConsumerError::TooManyBatchesHeld`] when the caller holds too many batches (drop some and
 /// call `next` again).
-pub struct Epoch<'a> {
-    consumer: &'a Consumer,
+pub struct EpochOf<C> {
+    consumer: C,
     number: u64,
     /// One past the epoch's last sequence number.
     end: u64,
     done: bool,
 }
 
-impl Epoch<'_> {
+/// An epoch whose batches borrow the consumer: [`Consumer::epoch`].
+pub type Epoch<'a> = EpochOf<&'a Consumer>;
+/// An epoch whose batches each hold an `Arc` of the consumer: [`Consumer::shared_epoch`].
+pub type SharedEpoch = EpochOf<Arc<Consumer>>;
+
+impl<C: Deref<Target = Consumer>> EpochOf<C> {
     /// This epoch's number (0 for the first).
     pub fn number(&self) -> u64 {
         self.number
     }
+
+    /// Waits at most `timeout` for the epoch's next batch to be published, without taking it:
+    /// `Ok(true)` when the next `next()` will not block (the batch is there, or the epoch is
+    /// over), `Ok(false)` when the time ran out first. Bindings call it in short slices so
+    /// that a waiting training loop still answers Ctrl-C.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<bool, ConsumerError> {
+        let consumer = &*self.consumer;
+        if self.done {
+            return Ok(true);
+        }
+        let span = consumer.next_span(&consumer.state(), self.number, self.end);
+        match span {
+            None => Ok(true),
+            Some((next, count)) => {
+                consumer.wait_until(next + count, Some(Instant::now() + timeout))
+            }
+        }
+    }
 }
 
-impl fmt::Debug for Epoch<'_> {
+impl<C> fmt::Debug for EpochOf<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Epoch")
             .field("number", &self.number)
@@ -453,39 +573,30 @@ impl fmt::Debug for Epoch<'_> {
     }
 }
 
-impl<'a> Iterator for Epoch<'a> {
-    type Item = Result<Batch<'a>, ConsumerError>;
+impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
+    type Item = Result<BatchOf<C>, ConsumerError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let consumer = self.consumer;
-        let state = &consumer.state;
-        if self.done || state.current_epoch.get() != Some(self.number) {
-            self.done = true;
+        if self.done {
             return None;
         }
-        let next = state.next_seq.get();
-        let remaining = self.end.saturating_sub(next);
-        let batch_size = u64::from(consumer.config.batch_size);
-        if remaining == 0 || (consumer.config.drop_last && remaining < batch_size) {
-            self.done = true;
-            return None;
-        }
-        let count = remaining.min(batch_size);
-        if let Err(e) = consumer.check_room(next, count) {
-            return Some(Err(e));
-        }
-        if let Err(e) = consumer.wait_for(next + count) {
+        let consumer = &*self.consumer;
+        let (first, count) = match consumer.reserve(self.number, self.end) {
+            Ok(Reserve::Done) => {
+                self.done = true;
+                return None;
+            }
+            Ok(Reserve::Batch { first, count }) => (first, count),
+            Err(e) => return Some(Err(e)),
+        };
+        if let Err(e) = consumer.wait_for(first + count) {
+            consumer.unhold(first);
             self.done = true;
             return Some(Err(e));
         }
-        state.next_seq.set(next + count);
-        // Cannot be busy: borrows of `held` never outlive a call and a consumer is not shared
-        // between threads. The batch must be tracked before it is handed out: the cursor
-        // must not pass it.
-        state.held.borrow_mut().insert(next);
-        Some(Ok(Batch {
-            consumer,
-            first_seq: next,
+        Some(Ok(BatchOf {
+            consumer: self.consumer.clone(),
+            first_seq: first,
             // `count <= batch_size <= capacity / 2`, checked at connect.
             len: count as usize,
             epoch: self.number,
@@ -493,25 +604,32 @@ impl<'a> Iterator for Epoch<'a> {
     }
 }
 
-impl FusedIterator for Epoch<'_> {}
+impl<C: Deref<Target = Consumer> + Clone> FusedIterator for EpochOf<C> {}
 
 /// A batch: `len` consecutive samples of the ring, read in place (zero copy). Its images are
 /// one contiguous `[B, H, W, 3]` u8 array, its labels `[B]` i64, its dataset indices `[B]`
-/// u64. Dropping it releases its samples to the producer.
-pub struct Batch<'a> {
-    consumer: &'a Consumer,
+/// u64. Dropping it releases its samples to the producer. `C` is how it reaches its consumer:
+/// see [`Batch`] and [`SharedBatch`].
+pub struct BatchOf<C: Deref<Target = Consumer>> {
+    consumer: C,
     first_seq: u64,
     len: usize,
     epoch: u64,
 }
 
-impl Batch<'_> {
+/// A batch borrowing its consumer, from an [`Epoch`].
+pub type Batch<'a> = BatchOf<&'a Consumer>;
+/// A batch holding an `Arc` of its consumer, from a [`SharedEpoch`].
+pub type SharedBatch = BatchOf<Arc<Consumer>>;
+
+impl<C: Deref<Target = Consumer>> BatchOf<C> {
     /// The images, `[B, H, W, 3]` u8 (HWC), one contiguous slice of the shared ring.
     pub fn images(&self) -> &[u8] {
         // SAFETY: `first_seq..first_seq + len` is below the head (`wait_for` returned before
         // this batch was made) and at or above the cursor (this batch is held, and the cursor
         // never passes the oldest held batch), so the producer cannot write these slots while
-        // `self` lives; `len <= capacity / 2`.
+        // `self` lives; `len <= capacity / 2`. The mapping lives as long as the consumer,
+        // which `self` keeps alive.
         unsafe { self.consumer.ring.images(self.first_seq, self.len) }
     }
 
@@ -537,7 +655,7 @@ impl Batch<'_> {
         self.len == 0
     }
 
-    /// `[B, H, W, 3]`, the shape of [`Batch::images`].
+    /// `[B, H, W, 3]`, the shape of [`BatchOf::images`].
     pub fn shape(&self) -> [usize; 4] {
         let layout = self.consumer.ring.layout();
         [
@@ -557,9 +675,14 @@ impl Batch<'_> {
     pub fn first_seq(&self) -> u64 {
         self.first_seq
     }
+
+    /// The consumer this batch came from.
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
 }
 
-impl fmt::Debug for Batch<'_> {
+impl<C: Deref<Target = Consumer>> fmt::Debug for BatchOf<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batch")
             .field("epoch", &self.epoch)
@@ -569,18 +692,8 @@ impl fmt::Debug for Batch<'_> {
     }
 }
 
-impl Drop for Batch<'_> {
+impl<C: Deref<Target = Consumer>> Drop for BatchOf<C> {
     fn drop(&mut self) {
-        match self.consumer.state.held.try_borrow_mut() {
-            Ok(mut held) => {
-                held.remove(&self.first_seq);
-            }
-            Err(_) => {
-                // Unreachable (see `Epoch::next`); keeping the batch pinned is the safe side.
-                tracing::error!("held-batch set busy; batch {} stays pinned", self.first_seq);
-                return;
-            }
-        }
-        self.consumer.release_free();
+        self.consumer.unhold(self.first_seq);
     }
 }

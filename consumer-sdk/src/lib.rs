@@ -43,7 +43,9 @@
 //!
 //! ## Holding batches
 //! [`Batch`]es borrow the [`Consumer`] immutably, so several can be held at once (a
-//! prefetching training loop). A dropped batch releases its samples: the consumer's cursor
+//! prefetching training loop). From an `Arc<Consumer>`, [`Consumer::shared_epoch`] gives
+//! [`SharedBatch`]es that hold a reference instead: they can be stored, sent to another thread
+//! or owned by Python objects (the `ladle` Python package is built on them). A dropped batch releases its samples: the consumer's cursor
 //! moves to the start of the oldest batch still held, or to the first sample not handed out.
 //! The producer overwrites nothing at or above the cursor, so it waits for the slowest
 //! consumer; asking for more than [`ConsumerConfig::max_batches_held`] batches, or for more
@@ -68,7 +70,7 @@ mod consumer;
 mod error;
 
 pub use config::ConsumerConfig;
-pub use consumer::{Batch, Consumer, Epoch};
+pub use consumer::{Batch, BatchOf, Consumer, Epoch, EpochOf, SharedBatch, SharedEpoch};
 pub use error::{ConnectError, ConsumerError};
 pub use ladle_ring::PROTOCOL_VERSION;
 pub use ladle_ring::RingLayout;
@@ -78,6 +80,6 @@ pub use ladle_ring::protocol::DatasetInfo;
 pub mod prelude {
     pub use crate::{
         Batch, ConnectError, Consumer, ConsumerConfig, ConsumerError, DatasetInfo, Epoch,
-        RingLayout,
+        RingLayout, SharedBatch, SharedEpoch,
     };
 }

@@ -1,0 +1,62 @@
+"""ladle: read batches that a ``ladle serve`` producer decoded and augmented once, zero-copy.
+
+One producer (``ladle serve --dataset DIR --socket S``) decodes and augments a dataset into
+shared memory; every training process on the machine reads the same samples with its own
+batch size, joining whenever it starts::
+
+    import ladle, torch
+
+    consumer = ladle.Consumer("/tmp/ladle.sock", batch_size=128)
+    for epoch in range(3):
+        for batch in consumer:                      # one epoch per ``for``
+            images, labels = batch.to_torch("cuda:0", normalize=ladle.IMAGENET)
+            ...                                     # forward, backward, step
+
+``batch.images`` ([B, H, W, 3] uint8) and ``batch.labels`` ([B] int64) are read-only views
+of the shared ring: ``numpy.asarray(batch.images)`` and ``torch.from_dlpack(batch.images)``
+copy nothing.
+
+**The holding rule.** A batch's samples stay reserved (the producer will not overwrite them,
+and waits for them) until the batch *and every view, array and tensor made from it* are
+gone. A consumer may hold at most ``max_batches_held`` batches (default 8); asking for one
+more raises :class:`TooManyBatchesHeld`. In the usual loop only the current batch is held.
+Copy (``to_torch``, ``numpy.array``, ``tensor.clone()``) what must outlive the step.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._native import (
+    PROTOCOL_VERSION,
+    ArrayView,
+    Batch,
+    ConnectError,
+    Consumer,
+    Detached,
+    Epoch,
+    LadleError,
+    ProducerEnded,
+    ProducerGone,
+    TooManyBatchesHeld,
+)
+from ._torch import IMAGENET, to_torch
+
+try:
+    __version__ = version("ladle")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "IMAGENET",
+    "ArrayView",
+    "Batch",
+    "ConnectError",
+    "Consumer",
+    "Detached",
+    "Epoch",
+    "LadleError",
+    "ProducerEnded",
+    "ProducerGone",
+    "TooManyBatchesHeld",
+    "to_torch",
+]

@@ -1,0 +1,128 @@
+"""Type stubs for ``ladle._native``, the PyO3 module inside the ``ladle`` package."""
+
+from os import PathLike
+from typing import Any, Iterator, Sequence
+
+import torch
+
+PROTOCOL_VERSION: int
+
+class LadleError(Exception):
+    """Base class of every error ladle raises (bad arguments raise ValueError)."""
+
+class ConnectError(LadleError):
+    """No producer could be joined; the message names the socket."""
+
+class ProducerGone(LadleError):
+    """The producer exited or was killed."""
+
+class ProducerEnded(LadleError):
+    """The producer ended the stream."""
+
+class Detached(LadleError):
+    """The producer detached this consumer for lagging past --max-lag."""
+
+class TooManyBatchesHeld(LadleError):
+    """More batches held at once than max_batches_held (or the ring) allows."""
+
+class ArrayView:
+    """A read-only, zero-copy view of one array of a batch (buffer protocol and DLPack)."""
+
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def readonly(self) -> bool: ...
+    @property
+    def data_ptr(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+
+class Batch:
+    """Consecutive samples of the ring, read in place; released when it and its views die."""
+
+    @property
+    def images(self) -> ArrayView:
+        """[B, H, W, 3] uint8."""
+    @property
+    def labels(self) -> ArrayView:
+        """[B] int64 (-1 marks a sample the producer could not decode)."""
+    @property
+    def indices(self) -> ArrayView:
+        """[B] uint64 dataset indices."""
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def first_seq(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, int, int, int]: ...
+    def __len__(self) -> int: ...
+    def _images_region(self) -> tuple[int, int]: ...
+    def to_torch(
+        self,
+        device: str | torch.device | None = None,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        *,
+        channels_last: bool = False,
+        non_blocking: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 [B, 3, H, W] normalised images and int64 [B] labels on ``device``."""
+
+class Epoch(Iterator[Batch]):
+    """One epoch's batches."""
+
+    @property
+    def number(self) -> int: ...
+    def __iter__(self) -> Epoch: ...
+    def __next__(self) -> Batch: ...
+
+class Consumer:
+    """A connection to a ``ladle serve`` producer; ``for batch in consumer`` reads one epoch."""
+
+    def __init__(
+        self,
+        socket: str | PathLike[str],
+        batch_size: int,
+        drop_last: bool = False,
+        *,
+        max_batches_held: int = 8,
+        name: str | None = None,
+        timeout: float = 10.0,
+    ) -> None: ...
+    def __iter__(self) -> Epoch: ...
+    def __len__(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def max_batches_held(self) -> int: ...
+    @property
+    def held_batches(self) -> int: ...
+    @property
+    def dataset_len(self) -> int: ...
+    @property
+    def class_names(self) -> list[str]: ...
+    @property
+    def image_shape(self) -> tuple[int, int, int]: ...
+    @property
+    def consumer_id(self) -> int: ...
+    @property
+    def start_seq(self) -> int: ...
+    @property
+    def socket(self) -> str: ...
+    def _images_region(self) -> tuple[int, int]: ...

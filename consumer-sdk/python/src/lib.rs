@@ -1,0 +1,670 @@
+//! # ladle-python: the native module of the `ladle` Python package
+//!
+//! In `DESIGN.md`'s picture this is the Python face of each consumer box: a thin PyO3 shell
+//! over [`ladle_consumer`], built by maturin into `ladle._native` and re-exported by the
+//! small pure-Python package `ladle` beside it (`python/ladle/`), which adds `to_torch` and
+//! the benchmark. Nothing here decides anything: connecting, epochs, holding and releasing
+//! samples are `ladle-consumer`'s; this crate converts types and errors and releases the GIL.
+//!
+//! - `Consumer` holds an `Arc<ladle_consumer::Consumer>`; `for batch in consumer` runs one
+//!   epoch through a [`SharedEpoch`].
+//! - `Batch` holds its [`SharedBatch`] in an `Arc`. `batch.images` / `labels` / `indices`
+//!   are `ArrayView`s that keep that `Arc` too and export the ring's memory, read-only and
+//!   without a copy, through the buffer protocol (`numpy.asarray`) and DLPack
+//!   (`torch.from_dlpack`, `numpy.from_dlpack`). The samples are released to the producer when
+//!   the batch and every view, array and tensor made from it are gone.
+//! - Waiting for data releases the GIL, in slices of 50 ms between which Ctrl-C is honoured.
+//! - Errors become the exception classes of `ladle` (`LadleError` and its subclasses), or
+//!   `ValueError` for bad arguments, in one place: [`connect_error`] and [`consumer_error`].
+
+use std::ffi::{CStr, c_int, c_void};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use ladle_consumer::{
+    ConnectError, Consumer, ConsumerConfig, ConsumerError, SharedBatch, SharedEpoch,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyBufferError, PyException, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+create_exception!(
+    ladle,
+    LadleError,
+    PyException,
+    "Base class of every error ladle raises (bad arguments raise ValueError)."
+);
+create_exception!(
+    ladle,
+    ConnectError_,
+    LadleError,
+    "No producer could be joined: no socket, nobody listening, a foreign or rejecting peer, a \
+     version mismatch, or no answer in time. The message names the socket."
+);
+create_exception!(
+    ladle,
+    ProducerGone,
+    LadleError,
+    "The producer exited or was killed; batches already handed out stay readable."
+);
+create_exception!(
+    ladle,
+    ProducerEnded,
+    LadleError,
+    "The producer ended the stream (Ctrl-C or SIGTERM on `ladle serve`)."
+);
+create_exception!(
+    ladle,
+    Detached,
+    LadleError,
+    "The producer detached this consumer, which fell further behind than its --max-lag."
+);
+create_exception!(
+    ladle,
+    TooManyBatchesHeld,
+    LadleError,
+    "More batches are held at once than max_batches_held allows (or than the ring holds): \
+     drop (del) older batches and the arrays made from them, or raise max_batches_held."
+);
+
+/// How long one GIL-free wait lasts before signals (Ctrl-C) are checked.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// The Python exception for a failed connect.
+fn connect_error(error: ConnectError) -> PyErr {
+    match error {
+        ConnectError::ZeroBatchSize { .. }
+        | ConnectError::ZeroMaxBatchesHeld { .. }
+        | ConnectError::BatchTooLarge { .. } => PyValueError::new_err(error.to_string()),
+        other => ConnectError_::new_err(other.to_string()),
+    }
+}
+
+/// The Python exception for a failure while reading.
+fn consumer_error(error: ConsumerError) -> PyErr {
+    let message = error.to_string();
+    match error {
+        ConsumerError::ProducerGone { .. } => ProducerGone::new_err(message),
+        ConsumerError::ProducerEnded { .. } => ProducerEnded::new_err(message),
+        ConsumerError::Detached { .. } => Detached::new_err(message),
+        ConsumerError::TooManyBatchesHeld { .. } => TooManyBatchesHeld::new_err(message),
+        _ => LadleError::new_err(message),
+    }
+}
+
+/// A connection to a `ladle serve` producer. `for batch in consumer:` reads one epoch; the
+/// next `for` reads the next one.
+#[pyclass(name = "Consumer", module = "ladle", frozen)]
+struct PyConsumer {
+    inner: Arc<Consumer>,
+}
+
+#[pymethods]
+impl PyConsumer {
+    #[new]
+    #[pyo3(signature = (socket, batch_size, drop_last = false, *, max_batches_held = 8, name = None, timeout = 10.0))]
+    fn new(
+        py: Python<'_>,
+        socket: PathBuf,
+        batch_size: i64,
+        drop_last: bool,
+        max_batches_held: i64,
+        name: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let batch_size = u32::try_from(batch_size)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("batch_size must be positive, got {batch_size}"))
+            })?;
+        let max_batches_held = usize::try_from(max_batches_held)
+            .ok()
+            .filter(|&m| m > 0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "max_batches_held must be positive, got {max_batches_held}"
+                ))
+            })?;
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout}"
+            )));
+        }
+        let mut config = ConsumerConfig {
+            batch_size,
+            drop_last,
+            max_batches_held,
+            handshake_timeout: Duration::from_secs_f64(timeout.min(1e9)),
+            ..ConsumerConfig::default()
+        };
+        if let Some(name) = name {
+            config.name = name;
+        }
+        let consumer = py
+            .detach(|| Consumer::connect(&socket, config))
+            .map_err(connect_error)?;
+        Ok(Self {
+            inner: Arc::new(consumer),
+        })
+    }
+
+    /// Starts the next epoch (abandoning an unfinished one) and returns its iterator.
+    fn __iter__(&self) -> PyEpoch {
+        PyEpoch {
+            epoch: self.inner.shared_epoch(),
+        }
+    }
+
+    /// Batches per epoch: ceil(N / batch_size), or floor with drop_last.
+    fn __len__(&self) -> usize {
+        usize::try_from(self.inner.batches_per_epoch()).unwrap_or(usize::MAX)
+    }
+
+    /// The number of the epoch the latest `for` loop started (0 before the first).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.inner.epoch_number().saturating_sub(1)
+    }
+
+    #[getter]
+    fn batch_size(&self) -> u32 {
+        self.inner.config().batch_size
+    }
+
+    #[getter]
+    fn drop_last(&self) -> bool {
+        self.inner.config().drop_last
+    }
+
+    #[getter]
+    fn max_batches_held(&self) -> usize {
+        self.inner.config().max_batches_held
+    }
+
+    /// Batches handed out and still alive (with any array made from them).
+    #[getter]
+    fn held_batches(&self) -> usize {
+        self.inner.held_batches()
+    }
+
+    /// Samples in the producer's dataset: one epoch.
+    #[getter]
+    fn dataset_len(&self) -> u64 {
+        self.inner.dataset().len
+    }
+
+    /// The class names of the producer's dataset, in label order.
+    #[getter]
+    fn class_names(&self) -> Vec<String> {
+        self.inner.dataset().class_names.clone()
+    }
+
+    /// (H, W, 3): the shape of one image.
+    #[getter]
+    fn image_shape(&self) -> (u32, u32, u32) {
+        let layout = self.inner.layout();
+        (layout.height, layout.width, 3)
+    }
+
+    #[getter]
+    fn consumer_id(&self) -> u64 {
+        self.inner.consumer_id()
+    }
+
+    /// The sequence number this consumer's epoch 0 starts at (late joiners start mid-stream).
+    #[getter]
+    fn start_seq(&self) -> u64 {
+        self.inner.start_seq()
+    }
+
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.inner.socket().to_path_buf()
+    }
+
+    /// (address, length) of this process's read-only mapping of the image region, for
+    /// registering it as pinned memory with CUDA (`cudaHostRegister`, read-only flag).
+    fn _images_region(&self) -> (usize, usize) {
+        let (address, len) = self.inner.images_region();
+        (address as usize, len)
+    }
+
+    fn __repr__(&self) -> String {
+        let layout = self.inner.layout();
+        format!(
+            "ladle.Consumer(socket={:?}, batch_size={}, drop_last={}, dataset_len={}, \
+             image_shape=({}, {}, 3), consumer_id={})",
+            self.inner.socket(),
+            self.inner.config().batch_size,
+            self.inner.config().drop_last,
+            self.inner.dataset().len,
+            layout.height,
+            layout.width,
+            self.inner.consumer_id(),
+        )
+    }
+}
+
+/// One epoch's batches, from `iter(consumer)`.
+#[pyclass(name = "Epoch", module = "ladle")]
+struct PyEpoch {
+    epoch: SharedEpoch,
+}
+
+#[pymethods]
+impl PyEpoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        // Wait in slices with the GIL released, honouring Ctrl-C between them.
+        loop {
+            let epoch = &self.epoch;
+            let ready = py.detach(|| epoch.wait_ready(WAIT_SLICE));
+            match ready {
+                Ok(true) => break,
+                Ok(false) => py.check_signals()?,
+                Err(error) => return Err(consumer_error(error)),
+            }
+        }
+        let epoch = &mut self.epoch;
+        match py.detach(|| epoch.next()) {
+            None => Ok(None),
+            Some(Ok(batch)) => Ok(Some(PyBatch {
+                batch: Arc::new(batch),
+            })),
+            Some(Err(error)) => Err(consumer_error(error)),
+        }
+    }
+
+    /// This epoch's number.
+    #[getter]
+    fn number(&self) -> u64 {
+        self.epoch.number()
+    }
+}
+
+/// A batch of consecutive samples of the ring, read in place.
+#[pyclass(name = "Batch", module = "ladle", frozen)]
+struct PyBatch {
+    batch: Arc<SharedBatch>,
+}
+
+#[pymethods]
+impl PyBatch {
+    /// [B, H, W, 3] uint8, zero-copy and read-only.
+    #[getter]
+    fn images(&self) -> PyArrayView {
+        PyArrayView::new(&self.batch, Part::Images)
+    }
+
+    /// [B] int64 class labels (−1 marks a sample the producer could not decode).
+    #[getter]
+    fn labels(&self) -> PyArrayView {
+        PyArrayView::new(&self.batch, Part::Labels)
+    }
+
+    /// [B] uint64 dataset indices.
+    #[getter]
+    fn indices(&self) -> PyArrayView {
+        PyArrayView::new(&self.batch, Part::Indices)
+    }
+
+    /// The consumer's epoch this batch belongs to.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.batch.epoch()
+    }
+
+    /// The sequence number of the first sample.
+    #[getter]
+    fn first_seq(&self) -> u64 {
+        self.batch.first_seq()
+    }
+
+    /// (B, H, W, 3).
+    #[getter]
+    fn shape(&self) -> (usize, usize, usize, usize) {
+        let [b, h, w, c] = self.batch.shape();
+        (b, h, w, c)
+    }
+
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// (address, length) of the consumer's image mapping this batch lies in.
+    fn _images_region(&self) -> (usize, usize) {
+        let (address, len) = self.batch.consumer().images_region();
+        (address as usize, len)
+    }
+
+    /// `NCHW` float32 tensors on `device`, normalised: see `ladle.to_torch`.
+    #[pyo3(signature = (device = None, normalize = None, *, channels_last = false, non_blocking = true))]
+    fn to_torch<'py>(
+        slf: &Bound<'py, Self>,
+        device: Option<Bound<'py, PyAny>>,
+        normalize: Option<Bound<'py, PyAny>>,
+        channels_last: bool,
+        non_blocking: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("ladle._torch")?.getattr("to_torch")?.call1((
+            slf,
+            device,
+            normalize,
+            channels_last,
+            non_blocking,
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        let [b, h, w, c] = self.batch.shape();
+        format!(
+            "ladle.Batch(epoch={}, first_seq={}, shape=({b}, {h}, {w}, {c}))",
+            self.batch.epoch(),
+            self.batch.first_seq()
+        )
+    }
+}
+
+/// Which array of a batch a view shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Images,
+    Labels,
+    Indices,
+}
+
+/// A read-only, zero-copy view of one array of a batch. Exported through the buffer
+/// protocol and DLPack; keeps the batch's samples held while it (or anything made from it)
+/// lives.
+#[pyclass(name = "ArrayView", module = "ladle", frozen)]
+struct PyArrayView {
+    batch: Arc<SharedBatch>,
+    part: Part,
+    /// Shape and strides in bytes, as `Py_buffer` wants them (they must outlive the buffer;
+    /// the buffer holds a reference to this object).
+    shape: [ffi::Py_ssize_t; 4],
+    strides: [ffi::Py_ssize_t; 4],
+    ndim: usize,
+}
+
+impl PyArrayView {
+    fn new(batch: &Arc<SharedBatch>, part: Part) -> Self {
+        let [b, h, w, c] = batch.shape().map(|n| n as ffi::Py_ssize_t);
+        let (shape, strides, ndim) = match part {
+            Part::Images => ([b, h, w, c], [h * w * c, w * c, c, 1], 4),
+            Part::Labels | Part::Indices => ([b, 0, 0, 0], [8, 0, 0, 0], 1),
+        };
+        Self {
+            batch: Arc::clone(batch),
+            part,
+            shape,
+            strides,
+            ndim,
+        }
+    }
+
+    /// The viewed bytes: a slice of the ring this view's batch holds.
+    fn bytes(&self) -> &[u8] {
+        match self.part {
+            Part::Images => self.batch.images(),
+            Part::Labels => as_bytes(self.batch.labels()),
+            Part::Indices => as_bytes(self.batch.indices()),
+        }
+    }
+
+    fn itemsize(&self) -> usize {
+        match self.part {
+            Part::Images => 1,
+            Part::Labels | Part::Indices => 8,
+        }
+    }
+
+    fn dl_dtype(&self) -> DLDataType {
+        match self.part {
+            Part::Images => DLDataType::of::<u8>(),
+            Part::Labels => DLDataType::of::<i64>(),
+            Part::Indices => DLDataType::of::<u64>(),
+        }
+    }
+
+    /// A DLPack tensor of either ABI over this view's bytes, owning a reference to the batch.
+    fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+        let ndim = self.ndim;
+        let item = self.itemsize() as i64;
+        let mut shape = [0_i64; 4];
+        let mut strides = [0_i64; 4];
+        for d in 0..ndim {
+            shape[d] = self.shape[d] as i64;
+            // DLPack strides count elements, Py_buffer strides bytes.
+            strides[d] = self.strides[d] as i64 / item;
+        }
+        finish::<M>(
+            self,
+            Arc::clone(&self.batch),
+            &shape[..ndim],
+            &strides[..ndim],
+        )
+    }
+}
+
+/// Builds the managed tensor for `view` with rank 1 or 4.
+fn finish<M: ManagedTensorBase>(
+    view: &PyArrayView,
+    owner: Arc<SharedBatch>,
+    shape: &[i64],
+    strides: &[i64],
+) -> PyResult<Managed<M>> {
+    let to_py = |e: dlpark::metadata::Error| LadleError::new_err(format!("DLPack export: {e}"));
+    let data = view.bytes().as_ptr().cast_mut().cast::<c_void>();
+    macro_rules! build {
+        ($n:literal) => {{
+            let shape: [i64; $n] = shape.try_into().map_err(|_| LadleError::new_err("rank"))?;
+            let strides: [i64; $n] = strides
+                .try_into()
+                .map_err(|_| LadleError::new_err("rank"))?;
+            let mut init = dlpark::metadata::Fixed::new(shape, strides)
+                .prepare_as::<M>()
+                .map_err(to_py)?
+                .initialize(owner);
+            init.set_data(data)
+                .set_dtype(view.dl_dtype())
+                .set_device(DLDevice::CPU);
+            init.set_flags(DlpackFlags::READ_ONLY)
+                .map_err(|e| LadleError::new_err(format!("DLPack export: {e}")))?;
+            // SAFETY: `data` points at `shape`/`strides` elements of `dtype` inside the ring
+            // mapping; the slots stay held and the mapping alive while `owner` (the tensor's
+            // context, dropped by its deleter) holds the batch; the memory is never written by
+            // the producer while held and is mapped read-only here, as the flag says.
+            Ok(unsafe { init.finish() })
+        }};
+    }
+    match shape.len() {
+        4 => build!(4),
+        _ => build!(1),
+    }
+}
+
+/// The bytes of a slice of plain integers.
+fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
+    // SAFETY: `T` is i64 or u64 here: no padding, every byte initialised; the byte slice
+    // covers exactly the same memory with the same lifetime.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
+}
+
+impl DlpackExporter for PyArrayView {
+    fn device(&self) -> DLDevice {
+        DLDevice::CPU
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        DlpackFlags::READ_ONLY
+    }
+
+    fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
+        Ok(())
+    }
+
+    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        self.export()
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        self.export()
+    }
+}
+
+#[pymethods]
+impl PyArrayView {
+    /// The shape: (B, H, W, 3) for images, (B,) for labels and indices.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.shape[..self.ndim]
+            .iter()
+            .map(|&n| n as usize)
+            .collect()
+    }
+
+    /// "uint8", "int64" or "uint64".
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.part {
+            Part::Images => "uint8",
+            Part::Labels => "int64",
+            Part::Indices => "uint64",
+        }
+    }
+
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// Always True: the ring is mapped read-only in consumers.
+    #[getter]
+    fn readonly(&self) -> bool {
+        true
+    }
+
+    /// The address of the first byte (it lies in the ring's shared mapping).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.bytes().as_ptr() as usize
+    }
+
+    fn __len__(&self) -> usize {
+        self.shape[0] as usize
+    }
+
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
+        export_dlpack(self, py, request)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0) // kDLCPU, device 0
+    }
+
+    /// # Safety
+    /// Called by Python with a valid `view` to fill (the buffer protocol).
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a NULL Py_buffer"));
+        }
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err(
+                "ladle batches are read-only (the ring is shared with other training \
+                 processes); copy the array to modify it",
+            ));
+        }
+        let this = slf.get();
+        let bytes = this.bytes();
+        let format: &'static CStr = match this.part {
+            Part::Images => c"B",
+            Part::Labels => c"q",
+            Part::Indices => c"Q",
+        };
+        // SAFETY: `view` is non-null and Python hands us its storage to fill. `obj` takes a new
+        // reference to this view, which keeps the batch (hence the slots and the mapping) and
+        // the `shape`/`strides` arrays alive until the buffer is released.
+        unsafe {
+            (*view).buf = bytes.as_ptr().cast_mut().cast::<c_void>();
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).len = bytes.len() as ffi::Py_ssize_t;
+            (*view).readonly = 1;
+            (*view).itemsize = this.itemsize() as ffi::Py_ssize_t;
+            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                format.as_ptr().cast_mut()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = this.ndim as c_int;
+            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                this.shape.as_ptr().cast_mut()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                this.strides.as_ptr().cast_mut()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Called by Python when a buffer from `__getbuffer__` is released.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        // Nothing to free: `obj`'s reference is dropped by Python.
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ladle.ArrayView(shape={:?}, dtype={}, readonly=True)",
+            self.shape(),
+            self.dtype()
+        )
+    }
+}
+
+/// The native module `ladle._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<PyConsumer>()?;
+    m.add_class::<PyEpoch>()?;
+    m.add_class::<PyBatch>()?;
+    m.add_class::<PyArrayView>()?;
+    m.add("LadleError", py.get_type::<LadleError>())?;
+    m.add("ConnectError", py.get_type::<ConnectError_>())?;
+    m.add("ProducerGone", py.get_type::<ProducerGone>())?;
+    m.add("ProducerEnded", py.get_type::<ProducerEnded>())?;
+    m.add("Detached", py.get_type::<Detached>())?;
+    m.add("TooManyBatchesHeld", py.get_type::<TooManyBatchesHeld>())?;
+    m.add("PROTOCOL_VERSION", ladle_consumer::PROTOCOL_VERSION)?;
+    Ok(())
+}
