@@ -26,7 +26,8 @@ use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersione
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use ladle_consumer::{
-    ConnectError, Consumer, ConsumerConfig, ConsumerError, SharedBatch, SharedEpoch,
+    ConnectError as RustConnectError, Consumer, ConsumerConfig, ConsumerError, SharedBatch,
+    SharedEpoch,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyBufferError, PyException, PyValueError};
@@ -41,7 +42,7 @@ create_exception!(
 );
 create_exception!(
     ladle,
-    ConnectError_,
+    ConnectError,
     LadleError,
     "No producer could be joined: no socket, nobody listening, a foreign or rejecting peer, a \
      version mismatch, or no answer in time. The message names the socket."
@@ -76,12 +77,12 @@ create_exception!(
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// The Python exception for a failed connect.
-fn connect_error(error: ConnectError) -> PyErr {
+fn connect_error(error: RustConnectError) -> PyErr {
     match error {
-        ConnectError::ZeroBatchSize { .. }
-        | ConnectError::ZeroMaxBatchesHeld { .. }
-        | ConnectError::BatchTooLarge { .. } => PyValueError::new_err(error.to_string()),
-        other => ConnectError_::new_err(other.to_string()),
+        RustConnectError::ZeroBatchSize { .. }
+        | RustConnectError::ZeroMaxBatchesHeld { .. }
+        | RustConnectError::BatchTooLarge { .. } => PyValueError::new_err(error.to_string()),
+        other => ConnectError::new_err(other.to_string()),
     }
 }
 
@@ -660,7 +661,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBatch>()?;
     m.add_class::<PyArrayView>()?;
     m.add("LadleError", py.get_type::<LadleError>())?;
-    m.add("ConnectError", py.get_type::<ConnectError_>())?;
+    m.add("ConnectError", py.get_type::<ConnectError>())?;
     m.add("ProducerGone", py.get_type::<ProducerGone>())?;
     m.add("ProducerEnded", py.get_type::<ProducerEnded>())?;
     m.add("Detached", py.get_type::<Detached>())?;
