@@ -357,3 +357,64 @@ fn dropping_the_consumer_says_leave_and_closes_the_socket() {
     }
     assert!(producer.saw_leave());
 }
+
+#[test]
+fn shared_epochs_hand_distinct_batches_to_threads_and_release_them_from_any_thread() {
+    const LEN: u64 = 300;
+    let producer = TestProducer::start(Behaviour::serve(LEN, 0));
+    let consumer = std::sync::Arc::new(Consumer::connect(producer.socket(), config(10)).unwrap());
+    let epoch = std::sync::Mutex::new(consumer.shared_epoch());
+    // At most 3 (senders) + 1 (queued) + 1 (receiver) held: under `max_batches_held`.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<SharedBatch>(1);
+    let mut seen = vec![0u32; LEN as usize];
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            let (epoch, tx) = (&epoch, tx.clone());
+            scope.spawn(move || {
+                loop {
+                    let next = epoch.lock().unwrap().next();
+                    match next {
+                        // Dropped on the receiving thread, not this one.
+                        Some(batch) => tx.send(batch.unwrap()).unwrap(),
+                        None => break,
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for batch in rx {
+            for &index in batch.indices() {
+                seen[index as usize] += 1;
+            }
+            assert_eq!(batch.labels().len(), batch.len());
+        }
+    });
+    assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+    assert_eq!(consumer.held_batches(), 0);
+}
+
+#[test]
+fn wait_ready_times_out_without_taking_a_batch_until_one_is_published() {
+    // 15 samples published, then nothing: the first batch of 10 is ready, the second is not.
+    let producer = TestProducer::start(Behaviour::Serve {
+        len: 50,
+        start_seq: 0,
+        stop_at: Some(15),
+        at_stop: AtStop::Hold,
+    });
+    let consumer = std::sync::Arc::new(Consumer::connect(producer.socket(), config(10)).unwrap());
+    let mut epoch = consumer.shared_epoch();
+    let mut ready = false;
+    for _ in 0..200 {
+        ready = epoch.wait_ready(Duration::from_millis(50)).unwrap();
+        if ready {
+            break;
+        }
+    }
+    assert!(ready, "the test producer publishes 15 samples within 10 s");
+    assert_eq!(consumer.held_batches(), 0, "waiting takes nothing");
+    let first = epoch.next().unwrap().unwrap();
+    assert_eq!((first.first_seq(), first.len()), (0, 10));
+    assert!(!epoch.wait_ready(Duration::from_millis(200)).unwrap());
+    assert_eq!(consumer.held_batches(), 1, "a wait that timed out takes nothing");
+}
