@@ -12,7 +12,9 @@ dataset for the same time through each system in turn:
                max(1, cores // N), so together they fill the cores.
   tensorsocket TensorSocket 0.0.5 (PyPI), CPU mode: one producer process wrapping such a
                DataLoader (workers = cores, loader batch 32, 8 loader batches per broadcast)
-               and N ``TensorConsumer``s with flexible batch sizes.
+               and N ``TensorConsumer``s with flexible batch sizes. (Its payloads go through
+               ``zmq.send_pyobj``, i.e. plain pickle, which serialises CPU tensors by value:
+               in CPU mode every consumer receives a copy of every batch over TCP.)
 
 Every system delivers uint8 images (conversion and normalisation belong on the GPU, where
 ``Batch.to_torch`` does them), so all three do the same work per sample: decode, random
@@ -127,6 +129,7 @@ def role_consumer(args: argparse.Namespace) -> None:
     def batches_of_tensorsocket():
         from tensorsocket import TensorConsumer
 
+        _quiet_tensorsocket()
         consumer = TensorConsumer(batch_size=args.batch_size)
         while True:
             for batch in consumer:
@@ -154,9 +157,19 @@ def role_consumer(args: argparse.Namespace) -> None:
     os._exit(0)  # TensorSocket's threads never end; the report is out
 
 
+def _quiet_tensorsocket() -> None:
+    """TensorSocket 0.0.5 calls ``logging.basicConfig(level=DEBUG)`` on import, which makes
+    PIL log every PNG chunk it decodes; no user would run it that way, so back to WARNING."""
+    import logging
+
+    logging.getLogger().setLevel(logging.WARNING)
+
+
 def role_ts_producer(args: argparse.Namespace) -> None:
     """TensorSocket's producer wrapping a DataLoader, until SIGTERM."""
     from tensorsocket import TensorProducer
+
+    _quiet_tensorsocket()
 
     loader = _torchvision_loader(args.dataset, 32, args.workers)
     producer = TensorProducer(loader, producer_batch_size=8, consumer_max_buffer_size=10)
