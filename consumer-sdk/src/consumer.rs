@@ -447,7 +447,7 @@ impl Consumer {
                 }
                 timeout = timeout.min(left);
             }
-            self.ring.wait_for_head(&self.cursor, head, timeout);
+            self.ring.wait_for_head(&self.cursor, end, timeout);
             self.check_socket();
         }
     }

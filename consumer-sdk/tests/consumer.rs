@@ -416,5 +416,9 @@ fn wait_ready_times_out_without_taking_a_batch_until_one_is_published() {
     let first = epoch.next().unwrap().unwrap();
     assert_eq!((first.first_seq(), first.len()), (0, 10));
     assert!(!epoch.wait_ready(Duration::from_millis(200)).unwrap());
-    assert_eq!(consumer.held_batches(), 1, "a wait that timed out takes nothing");
+    assert_eq!(
+        consumer.held_batches(),
+        1,
+        "a wait that timed out takes nothing"
+    );
 }

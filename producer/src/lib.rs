@@ -202,8 +202,12 @@ impl SampleSink for RingSink<'_> {
             *head += 1;
         }
         if *head != old {
-            self.shared.ring.publish(*head, true);
+            self.shared.ring.publish(*head);
             self.shared.published.store(*head, Ordering::Relaxed);
+            // Wake only consumers whose next batch is now complete: one wake-up per batch.
+            for m in &self.shared.lock().members {
+                m.cursor.wake_if_due(*head);
+            }
         }
     }
 }
@@ -357,6 +361,9 @@ impl Producer {
         }
         // After the messages, so that consumers read the reason before they see the flag.
         self.shared.ring.end();
+        for m in &self.shared.lock().members {
+            m.cursor.wake();
+        }
         for m in &self.shared.lock().members {
             let _ = m.socket.shutdown(std::net::Shutdown::Both);
         }

@@ -24,7 +24,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;

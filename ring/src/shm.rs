@@ -18,7 +18,8 @@ struct Header {
     magic: AtomicU64,
     /// All samples below this sequence number are written.
     head: AtomicU64,
-    /// Low 32 bits of `head`, the futex word consumers sleep on.
+    /// Low 32 bits of `head`. Consumers sleep on their own cursor page's `wake_word` (so that
+    /// a publish wakes only those whose batch is complete); this word is kept for tools.
     head_word: AtomicU32,
     /// Non-zero once the producer has ended the stream.
     ended: AtomicU32,
@@ -36,6 +37,11 @@ struct CursorWords {
     cursor_word: AtomicU32,
     /// Non-zero while the consumer sleeps on the head (so the producer knows to wake it).
     waiting: AtomicU32,
+    /// While `waiting`: the head the consumer waits for (the end of its next batch).
+    wake_at: AtomicU64,
+    /// The futex word the consumer sleeps on; the producer bumps it to wake the consumer once
+    /// the head reaches `wake_at`, so a batch of B samples costs one wake-up, not B.
+    wake_word: AtomicU32,
 }
 
 /// The three double-mapped sample regions.
@@ -139,20 +145,18 @@ impl ProducerRing {
         }
     }
 
-    /// Publishes every sample below `new_head` and wakes consumers that wait for it.
-    pub fn publish(&self, new_head: u64, wake: bool) {
+    /// Publishes every sample below `new_head`. Then call [`CursorPage::wake_if_due`] on each
+    /// consumer's page: a consumer sleeps until the head reaches the end of its next batch.
+    pub fn publish(&self, new_head: u64) {
         let header = self.header();
         protocol_core::publish(&header.head, new_head);
         header.head_word.store(new_head as u32, Ordering::SeqCst);
-        if wake {
-            sys::futex_wake_all(&header.head_word);
-        }
     }
 
-    /// Marks the stream ended and wakes every consumer.
+    /// Marks the stream ended. Then call [`CursorPage::wake`] on each consumer's page (a
+    /// consumer also notices within its wait's timeout).
     pub fn end(&self) {
         self.header().ended.store(1, Ordering::SeqCst);
-        sys::futex_wake_all(&self.header().head_word);
     }
 }
 
@@ -213,12 +217,19 @@ impl ConsumerRing {
         self.header().ended.load(Ordering::SeqCst) != 0
     }
 
-    /// Sleeps until the head moves past `seen` or `timeout` passes.
-    pub fn wait_for_head(&self, cursor: &CursorPage, seen: u64, timeout: std::time::Duration) {
+    /// Sleeps until the head reaches `target`, the stream ends, or `timeout` passes (or
+    /// spuriously: callers re-check). The producer wakes this consumer through its cursor
+    /// page only once the head reaches `target`.
+    pub fn wait_for_head(&self, cursor: &CursorPage, target: u64, timeout: std::time::Duration) {
         let words = cursor.words();
+        words.wake_at.store(target, Ordering::SeqCst);
         words.waiting.store(1, Ordering::SeqCst);
-        if self.head() == seen && !self.ended() {
-            sys::futex_wait(&self.header().head_word, seen as u32, timeout);
+        // Read the wake word before the head: a producer that publishes after this read
+        // either sees `waiting` and bumps the word (so the futex wait returns at once), or
+        // published before it, and then the head read below sees it. All SeqCst.
+        let word = words.wake_word.load(Ordering::SeqCst);
+        if self.head() < target && !self.ended() {
+            sys::futex_wait(&words.wake_word, word, timeout);
         }
         words.waiting.store(0, Ordering::SeqCst);
     }
@@ -339,6 +350,26 @@ impl CursorPage {
         self.words().waiting.load(Ordering::SeqCst) != 0
     }
 
+    /// Producer, after publishing up to `head`: wakes this consumer if it sleeps waiting for
+    /// a head at or below `head`. Returns whether it did.
+    pub fn wake_if_due(&self, head: u64) -> bool {
+        let words = self.words();
+        if words.waiting.load(Ordering::SeqCst) != 0 && head >= words.wake_at.load(Ordering::SeqCst)
+        {
+            self.wake();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Producer: wakes this consumer whatever it waits for (the stream ended, say).
+    pub fn wake(&self) {
+        let words = self.words();
+        words.wake_word.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(&words.wake_word);
+    }
+
     /// Producer: sleeps until this consumer's cursor moves past `seen` or `timeout` passes.
     pub fn wait_for_release(&self, seen: u64, timeout: std::time::Duration) {
         if self.cursor() == seen {
@@ -370,7 +401,7 @@ mod tests {
         for seq in cap - 2..cap + 3 {
             write(&producer, seq);
         }
-        producer.publish(cap + 3, false);
+        producer.publish(cap + 3);
         let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
         assert_eq!(consumer.head(), cap + 3);
         // SAFETY: published, and nothing else writes in this test.

@@ -13,7 +13,7 @@
 //!   without a copy, through the buffer protocol (`numpy.asarray`) and DLPack
 //!   (`torch.from_dlpack`, `numpy.from_dlpack`). The samples are released to the producer when
 //!   the batch and every view, array and tensor made from it are gone.
-//! - Waiting for data releases the GIL, in slices of 50 ms between which Ctrl-C is honoured.
+//! - Waiting for data releases the GIL, in slices of 100 ms between which Ctrl-C is honoured.
 //! - Errors become the exception classes of `ladle` (`LadleError` and its subclasses), or
 //!   `ValueError` for bad arguments, in one place: [`connect_error`] and [`consumer_error`].
 
@@ -74,7 +74,7 @@ create_exception!(
 );
 
 /// How long one GIL-free wait lasts before signals (Ctrl-C) are checked.
-const WAIT_SLICE: Duration = Duration::from_millis(50);
+const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// The Python exception for a failed connect.
 fn connect_error(error: RustConnectError) -> PyErr {

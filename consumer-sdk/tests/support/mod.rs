@@ -293,7 +293,8 @@ fn serve(
             wrote += 1;
         }
         if wrote > 0 {
-            ring.publish(seq, page.is_waiting());
+            ring.publish(seq);
+            page.wake_if_due(seq);
         } else if seq >= limit {
             match std::mem::replace(&mut at_stop, AtStop::Hold) {
                 AtStop::Hold => std::thread::sleep(Duration::from_millis(5)),
@@ -303,6 +304,7 @@ fn serve(
                     // the reason waiting on its socket.
                     protocol::send(&sock, &ServerMessage::End { reason }, &[]).unwrap();
                     ring.end();
+                    page.wake();
                 }
             }
         } else {
