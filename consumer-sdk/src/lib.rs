@@ -55,8 +55,8 @@
 //! ## Waiting and failure
 //! Waiting for samples sleeps on a futex in this consumer's cursor page, which the producer
 //! bumps once the head reaches the end of the batch waited for (one wake-up per batch, not
-//! per sample), at most 100 ms at a time, and checks the control socket at every wake-up: a producer that exits or is killed is
-//! [`ConsumerError::ProducerGone`] within about 100 ms, never a hang; an `End` or `Detached`
+//! per sample), at most 100 ms at a time, and checks the control socket at every wake-up: a
+//! producer that exits or is killed is [`ConsumerError::ProducerGone`] within about 100 ms, never a hang; an `End` or `Detached`
 //! from the producer is [`ConsumerError::ProducerEnded`] or [`ConsumerError::Detached`].
 //! Samples already published are still delivered first. Dropping the [`Consumer`] sends
 //! `Leave` and closes the socket.
