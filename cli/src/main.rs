@@ -11,6 +11,7 @@ mod demo;
 mod plot;
 mod progress;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +41,10 @@ enum Command {
     /// A reference consumer: read epochs from a producer and check that each one holds every
     /// sample exactly once.
     Consume(consume::ConsumeArgs),
+    /// Replay a job trace on simulated GPUs and compare admission policies (makespan, job
+    /// completion time, utilisation, out-of-memory crashes, energy); `sim generate` writes a
+    /// CARMA-like trace.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Consume(args) => consume::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Sim(args) => sim::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,3 +6,4 @@ pub mod policy;
 pub mod telemetry;
 pub mod units;
 pub mod window;
+pub mod sim;

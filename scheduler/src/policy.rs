@@ -17,11 +17,13 @@
 //!   Candidates are ordered most-free-memory, least-utilised, first-fit or best-fit. After
 //!   each dispatch the GPU settles for [`Policy::settle_s`] seconds, so the next decision sees
 //!   the new job's memory and load.
-//! - **ladle** (`ladle`): CARMA's rules plus
+//! - **ladle** (`ladle`): CARMA's rules with the least-utilised ordering (memory is already
+//!   screened with reservations, so the scarce thing left to balance is SM time), plus
 //!   - *reservations*: free memory is `min(observed, total − Σ estimates of admitted jobs)`,
 //!     so a job that has not allocated yet still counts;
-//!   - *per-job MPS memory limits*: each job gets `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` equal to
-//!     its estimate, which is what makes reservations sound;
+//!   - *per-job MPS memory limits*: each collocated job gets
+//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` equal to its estimate, which is what makes
+//!     reservations sound (a job placed exclusively gets no limit);
 //!   - *learned estimates*: a command's next estimate comes from its observed peak;
 //!   - *backfill*: when the head cannot start, later jobs may, but never on the GPUs the head
 //!     is waiting for (the ones with the most free memory, or for a job that needs exclusive
@@ -186,7 +188,7 @@ impl Policy {
                 mps_limits: true,
                 learned_estimates: true,
                 feed_affinity: true,
-                ..carma(GpuOrdering::MostFreeMemory)
+                ..carma(GpuOrdering::LeastUtilized)
             },
             _ => {
                 return Err(PolicyError::Unknown {
@@ -367,7 +369,9 @@ impl Admission {
             job: job.id,
             gpus: chosen,
             exclusive,
-            mem_limit_mib: self.policy.mps_limits.then_some(job.estimate_mib),
+            // A job alone on its GPUs may use all of them: that is how an out-of-memory
+            // retry shows its true peak.
+            mem_limit_mib: (self.policy.mps_limits && !exclusive).then_some(job.estimate_mib),
         })
     }
 
