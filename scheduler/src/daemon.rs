@@ -1240,4 +1240,113 @@ mod tests {
         let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap();
         assert_eq!(ran, "ran\n");
     }
+
+    fn spec(script: &str) -> JobSpec {
+        JobSpec {
+            command: vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()],
+            cwd: "/".into(),
+            gpu_mem_mib: Some(1024),
+            gpus: 1,
+            feed: None,
+            thread_percentage: None,
+        }
+    }
+
+    /// Starts a daemon on `dir` in a thread; returns its stop flag and handle.
+    fn start(dir: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<Result<(), DaemonError>>) {
+        let mut config = DaemonConfig::new(dir.to_owned());
+        config.gpu = GpuBackend::Sim {
+            gpus: 1,
+            memory_mib: 40 * 1024,
+        };
+        config.policy = Policy::named("exclusive").unwrap();
+        config.tick = Duration::from_millis(100);
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            std::thread::spawn(move || run(config, stop))
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while UnixStream::connect(socket_path(dir)).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (stop, handle)
+    }
+
+    fn jobs(dir: &Path) -> Vec<JobView> {
+        match protocol::request(&socket_path(dir), &Request::Queue, Duration::from_secs(30)) {
+            Ok(Response::Queue { jobs, .. }) => jobs,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn recovery_settles_every_attempt_the_journal_left_open_without_running_any_twice() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sched");
+        std::fs::create_dir_all(dir.join("jobs/2")).unwrap();
+        std::fs::create_dir_all(dir.join("jobs/3")).unwrap();
+        let ran = tmp.path().join("ran");
+        let script = |n: u32| format!("echo {n} >> {}", ran.display());
+        // A process that has certainly exited, for the "started" records.
+        let mut gone = Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let records = vec![
+            // 1: the daemon died between "starting" and the spawn: no claim file.
+            Record::Submitted { id: 1, spec: spec(&script(1)), estimate_mib: 1024, at: 0.0 },
+            // 2: ran to completion while the daemon was down (status file 0).
+            Record::Submitted { id: 2, spec: spec(&script(2)), estimate_mib: 1024, at: 0.0 },
+            // 3: vanished without a status (killed with the machine).
+            Record::Submitted { id: 3, spec: spec(&script(3)), estimate_mib: 1024, at: 0.0 },
+            // 4: finished long ago.
+            Record::Submitted { id: 4, spec: spec(&script(4)), estimate_mib: 1024, at: 0.0 },
+            // 5: still queued.
+            Record::Submitted { id: 5, spec: spec(&script(5)), estimate_mib: 1024, at: 0.0 },
+            Record::Starting { id: 4, attempt: 1, gpus: vec![0], limit_mib: None },
+            Record::Started { id: 4, attempt: 1, pid: dead, start_ticks: 1 },
+            Record::Finished {
+                id: 4,
+                attempt: 1,
+                outcome: Outcome::Succeeded,
+                code: Some(0),
+                peak_mib: None,
+                reason: String::new(),
+            },
+            Record::Starting { id: 2, attempt: 1, gpus: vec![0], limit_mib: None },
+            Record::Started { id: 2, attempt: 1, pid: dead, start_ticks: 1 },
+            Record::Starting { id: 3, attempt: 1, gpus: vec![0], limit_mib: None },
+            Record::Started { id: 3, attempt: 1, pid: dead, start_ticks: 1 },
+            Record::Starting { id: 1, attempt: 1, gpus: vec![0], limit_mib: None },
+        ];
+        {
+            let (mut journal, _) = Journal::open(&dir.join("journal.jsonl")).unwrap();
+            for r in &records {
+                journal.append(r).unwrap();
+            }
+        }
+        std::fs::write(dir.join("jobs/2/1.status"), "0\n").unwrap();
+        let (stop, handle) = start(&dir);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let jobs = loop {
+            let jobs = jobs(&dir);
+            if jobs.iter().all(|j| j.state.is_final()) {
+                break jobs;
+            }
+            assert!(Instant::now() < deadline, "jobs never settled: {jobs:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap().unwrap();
+        let state = |id: u64| jobs.iter().find(|j| j.id == id).unwrap();
+        assert_eq!(state(1).state, JobState::Succeeded);
+        assert_eq!(state(1).attempts, 2, "attempt 1 was claimed by recovery");
+        assert_eq!(state(2).state, JobState::Succeeded);
+        assert!(matches!(state(3).state, JobState::Interrupted { .. }));
+        assert_eq!(state(4).state, JobState::Succeeded);
+        assert_eq!(state(5).state, JobState::Succeeded);
+        // Only 1 (requeued at the head) and 5 (queued) ran in this daemon, in that order.
+        assert_eq!(std::fs::read_to_string(&ran).unwrap(), "1\n5\n");
+    }
 }
