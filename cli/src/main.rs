@@ -62,8 +62,9 @@ enum Command {
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,ladle_producer=info,ladle_scheduler=info")),
+            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,ladle_producer=info,ladle_scheduler=info")
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -194,7 +194,10 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         bail!("unexpected answer: {response:?}");
     };
     if args.json {
-        println!("{}", serde_json::json!({"id": id, "estimate_mib": estimate_mib}));
+        println!(
+            "{}",
+            serde_json::json!({"id": id, "estimate_mib": estimate_mib})
+        );
     } else {
         println!("submitted job {id} (estimate {})", format_mib(estimate_mib));
     }
@@ -246,7 +249,10 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             JobState::Queued => ("queued".to_owned(), "-".to_owned()),
             JobState::Running { gpus, .. } => (
                 "running".to_owned(),
-                gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+                gpus.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
             ),
             JobState::Succeeded => ("succeeded".to_owned(), "-".to_owned()),
             JobState::Failed { .. } => ("failed".to_owned(), "-".to_owned()),
@@ -309,9 +315,17 @@ pub(crate) fn logs(args: LogsArgs) -> anyhow::Result<()> {
             println!("{}\n{}", a.stdout_path.display(), a.stderr_path.display());
             continue;
         }
-        println!("== attempt {} stdout ({})", a.attempt, a.stdout_path.display());
+        println!(
+            "== attempt {} stdout ({})",
+            a.attempt,
+            a.stdout_path.display()
+        );
         print!("{}", a.stdout);
-        println!("== attempt {} stderr ({})", a.attempt, a.stderr_path.display());
+        println!(
+            "== attempt {} stderr ({})",
+            a.attempt,
+            a.stderr_path.display()
+        );
         print!("{}", a.stderr);
     }
     Ok(())

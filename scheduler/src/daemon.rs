@@ -245,7 +245,9 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock is a bug; the state is still the best we have.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -388,7 +390,10 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
             tracing::info!("{running} jobs still running: leaving MPS up for them");
         }
     }
-    tracing::info!(running, "scheduler stopped; running jobs continue and are adopted on restart");
+    tracing::info!(
+        running,
+        "scheduler stopped; running jobs continue and are adopted on restart"
+    );
     Ok(())
 }
 
@@ -450,7 +455,9 @@ fn serve(conn: UnixStream, shared: &Shared, socket: &Path) {
 }
 
 fn attempt_path(dir: &Path, id: JobId, attempt: u32, ext: &str) -> PathBuf {
-    dir.join("jobs").join(id.to_string()).join(format!("{attempt}.{ext}"))
+    dir.join("jobs")
+        .join(id.to_string())
+        .join(format!("{attempt}.{ext}"))
 }
 
 /// The last `max` bytes of a file, lossily as text; empty when unreadable.
@@ -489,7 +496,11 @@ impl State {
     }
 
     fn cap_mib(&self) -> u64 {
-        self.gpus.iter().map(|g| g.memory_total_mib).max().unwrap_or(u64::MAX)
+        self.gpus
+            .iter()
+            .map(|g| g.memory_total_mib)
+            .max()
+            .unwrap_or(u64::MAX)
     }
 
     fn record(&mut self, record: &Record) -> bool {
@@ -531,10 +542,7 @@ impl State {
                     self.queue.push_back(id);
                 }
                 Record::Starting {
-                    id,
-                    attempt,
-                    gpus,
-                    ..
+                    id, attempt, gpus, ..
                 } => {
                     self.queue.retain(|&q| q != id);
                     if let Some(job) = self.jobs.get_mut(&id) {
@@ -647,7 +655,11 @@ impl State {
                     }
                     match OpenOptions::new().write(true).create_new(true).open(&claim) {
                         Ok(_) => {
-                            tracing::warn!(job = id, attempt, "the daemon died before this attempt began; requeued at the head");
+                            tracing::warn!(
+                                job = id,
+                                attempt,
+                                "the daemon died before this attempt began; requeued at the head"
+                            );
                             let (estimate_mib, exclusive) = self
                                 .jobs
                                 .get(&id)
@@ -670,7 +682,12 @@ impl State {
             let marker = format!("ladle-job-{id}.{attempt}");
             let live = pid.filter(|&p| sys::alive(p) && sys::cmdline(p).contains(&marker));
             if let Some(pid) = live {
-                tracing::warn!(job = id, attempt, pid, "adopting a job that outlived the previous daemon");
+                tracing::warn!(
+                    job = id,
+                    attempt,
+                    pid,
+                    "adopting a job that outlived the previous daemon"
+                );
                 if journaled_pid.is_none() {
                     let start_ticks = sys::start_ticks(pid).unwrap_or(0);
                     self.record(&Record::Started {
@@ -903,9 +920,13 @@ impl State {
         let dir = self.dir.clone();
         let mut updates = Vec::new();
         for job in self.jobs.values_mut() {
-            let Some(run) = job.run.as_mut() else { continue };
+            let Some(run) = job.run.as_mut() else {
+                continue;
+            };
             let path = attempt_path(&dir, job.id, run.attempt, "out");
-            let Ok(mut f) = File::open(&path) else { continue };
+            let Ok(mut f) = File::open(&path) else {
+                continue;
+            };
             if f.seek(SeekFrom::Start(run.stdout_read)).is_err() {
                 continue;
             }
@@ -941,7 +962,9 @@ impl State {
     fn reap(&mut self) {
         let mut ended = Vec::new();
         for job in self.jobs.values_mut() {
-            let Some(run) = job.run.as_mut() else { continue };
+            let Some(run) = job.run.as_mut() else {
+                continue;
+            };
             if let Some(child) = run.child.as_mut() {
                 match child.try_wait() {
                     Ok(Some(status)) => ended.push((job.id, status.code(), status.signal(), false)),
@@ -974,7 +997,9 @@ impl State {
         let cap = self.cap_mib();
         let max_retries = self.max_oom_retries;
         let dir = self.dir.clone();
-        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
         let Some(run) = job.run.take() else { return };
         let attempt = run.attempt;
         let stderr = tail(&attempt_path(&dir, id, attempt, "err"), 1 << 20);
@@ -995,7 +1020,10 @@ impl State {
                 requeue = Some(job::raised_estimate(job.estimate_mib, peak_mib, cap));
                 (
                     Outcome::OutOfMemory,
-                    format!("CUDA out of memory; retry {} of {max_retries}", job.oom_retries + 1),
+                    format!(
+                        "CUDA out of memory; retry {} of {max_retries}",
+                        job.oom_retries + 1
+                    ),
                 )
             } else {
                 (
@@ -1048,7 +1076,10 @@ impl State {
             .enumerate()
             .map(|(i, info)| GpuState {
                 total_mib: info.memory_total_mib,
-                used_mib: self.windows[i].last.as_ref().map_or(0, |s| s.memory_used_mib),
+                used_mib: self.windows[i]
+                    .last
+                    .as_ref()
+                    .map_or(0, |s| s.memory_used_mib),
                 risk: self.windows[i].risk(),
                 locked_until: self.locked_until[i],
                 unusable: !info.unsuitable.is_empty(),
@@ -1088,7 +1119,9 @@ impl State {
     }
 
     fn launch(&mut self, id: JobId, gpus: &[usize], limit_mib: Option<u64>) {
-        let Some(job) = self.jobs.get(&id) else { return };
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
         let attempt = job.attempts + 1;
         let starting = Record::Starting {
             id,
@@ -1253,7 +1286,12 @@ mod tests {
     }
 
     /// Starts a daemon on `dir` in a thread; returns its stop flag and handle.
-    fn start(dir: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<Result<(), DaemonError>>) {
+    fn start(
+        dir: &Path,
+    ) -> (
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<Result<(), DaemonError>>,
+    ) {
         let mut config = DaemonConfig::new(dir.to_owned());
         config.gpu = GpuBackend::Sim {
             gpus: 1,
@@ -1295,17 +1333,52 @@ mod tests {
         gone.wait().unwrap();
         let records = vec![
             // 1: the daemon died between "starting" and the spawn: no claim file.
-            Record::Submitted { id: 1, spec: spec(&script(1)), estimate_mib: 1024, at: 0.0 },
+            Record::Submitted {
+                id: 1,
+                spec: spec(&script(1)),
+                estimate_mib: 1024,
+                at: 0.0,
+            },
             // 2: ran to completion while the daemon was down (status file 0).
-            Record::Submitted { id: 2, spec: spec(&script(2)), estimate_mib: 1024, at: 0.0 },
+            Record::Submitted {
+                id: 2,
+                spec: spec(&script(2)),
+                estimate_mib: 1024,
+                at: 0.0,
+            },
             // 3: vanished without a status (killed with the machine).
-            Record::Submitted { id: 3, spec: spec(&script(3)), estimate_mib: 1024, at: 0.0 },
+            Record::Submitted {
+                id: 3,
+                spec: spec(&script(3)),
+                estimate_mib: 1024,
+                at: 0.0,
+            },
             // 4: finished long ago.
-            Record::Submitted { id: 4, spec: spec(&script(4)), estimate_mib: 1024, at: 0.0 },
+            Record::Submitted {
+                id: 4,
+                spec: spec(&script(4)),
+                estimate_mib: 1024,
+                at: 0.0,
+            },
             // 5: still queued.
-            Record::Submitted { id: 5, spec: spec(&script(5)), estimate_mib: 1024, at: 0.0 },
-            Record::Starting { id: 4, attempt: 1, gpus: vec![0], limit_mib: None },
-            Record::Started { id: 4, attempt: 1, pid: dead, start_ticks: 1 },
+            Record::Submitted {
+                id: 5,
+                spec: spec(&script(5)),
+                estimate_mib: 1024,
+                at: 0.0,
+            },
+            Record::Starting {
+                id: 4,
+                attempt: 1,
+                gpus: vec![0],
+                limit_mib: None,
+            },
+            Record::Started {
+                id: 4,
+                attempt: 1,
+                pid: dead,
+                start_ticks: 1,
+            },
             Record::Finished {
                 id: 4,
                 attempt: 1,
@@ -1314,11 +1387,36 @@ mod tests {
                 peak_mib: None,
                 reason: String::new(),
             },
-            Record::Starting { id: 2, attempt: 1, gpus: vec![0], limit_mib: None },
-            Record::Started { id: 2, attempt: 1, pid: dead, start_ticks: 1 },
-            Record::Starting { id: 3, attempt: 1, gpus: vec![0], limit_mib: None },
-            Record::Started { id: 3, attempt: 1, pid: dead, start_ticks: 1 },
-            Record::Starting { id: 1, attempt: 1, gpus: vec![0], limit_mib: None },
+            Record::Starting {
+                id: 2,
+                attempt: 1,
+                gpus: vec![0],
+                limit_mib: None,
+            },
+            Record::Started {
+                id: 2,
+                attempt: 1,
+                pid: dead,
+                start_ticks: 1,
+            },
+            Record::Starting {
+                id: 3,
+                attempt: 1,
+                gpus: vec![0],
+                limit_mib: None,
+            },
+            Record::Started {
+                id: 3,
+                attempt: 1,
+                pid: dead,
+                start_ticks: 1,
+            },
+            Record::Starting {
+                id: 1,
+                attempt: 1,
+                gpus: vec![0],
+                limit_mib: None,
+            },
         ];
         {
             let (mut journal, _) = Journal::open(&dir.join("journal.jsonl")).unwrap();

@@ -26,7 +26,9 @@ pub const CONTROL: &str = "nvidia-cuda-mps-control";
 #[non_exhaustive]
 pub enum MpsError {
     /// `nvidia-cuda-mps-control` is not on `PATH`.
-    #[error("{CONTROL} is not on PATH (install the NVIDIA driver utilities, or run with --mps off)")]
+    #[error(
+        "{CONTROL} is not on PATH (install the NVIDIA driver utilities, or run with --mps off)"
+    )]
     NotFound,
     /// A directory or the program could not be used.
     #[error("MPS {what}: {source}")]
@@ -218,12 +220,18 @@ mod tests {
         assert_eq!(
             env,
             vec![
-                ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-aaa,GPU-bbb".to_owned()),
+                (
+                    "CUDA_VISIBLE_DEVICES".to_owned(),
+                    "GPU-aaa,GPU-bbb".to_owned()
+                ),
                 (
                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
                     "0=6144M,1=6144M".to_owned()
                 ),
-                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_owned(), "50".to_owned()),
+                (
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_owned(),
+                    "50".to_owned()
+                ),
             ]
         );
     }

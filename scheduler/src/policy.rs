@@ -383,7 +383,9 @@ impl Admission {
         if self.free_mib(g).saturating_sub(self.policy.reserve_mib) < needed {
             return false;
         }
-        self.policy.compute.is_none_or(|screen| screen.passes(&g.risk))
+        self.policy
+            .compute
+            .is_none_or(|screen| screen.passes(&g.risk))
     }
 
     /// Orders candidate GPUs: feed affinity first (when on), then the policy's ordering,
@@ -471,7 +473,10 @@ mod tests {
         for name in Policy::NAMES {
             assert_eq!(Policy::named(name).unwrap().name, name);
         }
-        assert!(matches!(Policy::named("fastest"), Err(PolicyError::Unknown { .. })));
+        assert!(matches!(
+            Policy::named("fastest"),
+            Err(PolicyError::Unknown { .. })
+        ));
     }
 
     #[test]
@@ -551,8 +556,15 @@ mod tests {
         busy(&mut g[0], 1, 0.1);
         let mut engine = Admission::new(Policy::named("carma-first-fit").unwrap());
         assert_eq!(engine.admit(0.0, &[job(1, 1), job(2, 1)], &mut g).len(), 1);
-        assert!(engine.admit(Policy::SETTLE_S - 1.0, &[job(2, 1)], &mut g).is_empty());
-        assert_eq!(engine.admit(Policy::SETTLE_S, &[job(2, 1)], &mut g).len(), 1);
+        assert!(
+            engine
+                .admit(Policy::SETTLE_S - 1.0, &[job(2, 1)], &mut g)
+                .is_empty()
+        );
+        assert_eq!(
+            engine.admit(Policy::SETTLE_S, &[job(2, 1)], &mut g).len(),
+            1
+        );
     }
 
     #[test]
@@ -609,7 +621,15 @@ mod tests {
         let queue = [head, job(2, 0), job(3, 0), job(4, 0)];
         let placed = engine.admit(0.0, &queue, &mut g);
         assert_eq!(placed.iter().map(|p| p.job).collect::<Vec<_>>(), vec![2, 3]);
-        let placed = engine.admit(1.0, &queue[..1].iter().chain(&queue[3..]).cloned().collect::<Vec<_>>(), &mut g);
+        let placed = engine.admit(
+            1.0,
+            &queue[..1]
+                .iter()
+                .chain(&queue[3..])
+                .cloned()
+                .collect::<Vec<_>>(),
+            &mut g,
+        );
         assert!(placed.is_empty(), "third bypass refused");
     }
 
@@ -666,8 +686,11 @@ mod tests {
     fn a_two_gpu_job_needs_two_gpus() {
         let mut g = gpus(2);
         busy(&mut g[0], 39, 0.1);
-        let wide = Pending { gpus: 2, ..job(1, 4) };
-        assert!(admit("carma-most-free", &[wide.clone()], &mut g).is_empty());
+        let wide = Pending {
+            gpus: 2,
+            ..job(1, 4)
+        };
+        assert!(admit("carma-most-free", std::slice::from_ref(&wide), &mut g).is_empty());
         let placed = admit("carma-most-free", &[wide], &mut gpus(2));
         assert_eq!(placed[0].gpus, vec![0, 1]);
     }

@@ -233,7 +233,11 @@ pub fn write_frame<T: Serialize>(
 ///
 /// # Errors
 /// [`ProtocolError`] when the daemon cannot be reached or answers nonsense.
-pub fn request(socket: &Path, request: &Request, timeout: Duration) -> Result<Response, ProtocolError> {
+pub fn request(
+    socket: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Response, ProtocolError> {
     let io = |source| ProtocolError::Io {
         path: socket.to_owned(),
         source,

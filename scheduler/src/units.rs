@@ -12,7 +12,9 @@ pub enum SizeError {
         text: String,
     },
     /// The unit is not one of B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (or K, M, G, T).
-    #[error("unknown unit {unit:?} in memory size {text:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")]
+    #[error(
+        "unknown unit {unit:?} in memory size {text:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+    )]
     UnknownUnit {
         /// The unit as given.
         unit: String,
@@ -100,9 +102,18 @@ mod tests {
     fn garbage_sizes_are_errors_not_panics() {
         assert!(matches!(parse_mib(""), Err(SizeError::Malformed { .. })));
         assert!(matches!(parse_mib("GiB"), Err(SizeError::Malformed { .. })));
-        assert!(matches!(parse_mib("1.2.3G"), Err(SizeError::Malformed { .. })));
-        assert!(matches!(parse_mib("6 parsecs"), Err(SizeError::UnknownUnit { .. })));
-        assert!(matches!(parse_mib("99999999999999999T"), Err(SizeError::OutOfRange { .. })));
+        assert!(matches!(
+            parse_mib("1.2.3G"),
+            Err(SizeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse_mib("6 parsecs"),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_mib("99999999999999999T"),
+            Err(SizeError::OutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -79,7 +79,10 @@ impl Scheduler {
             if states.iter().any(|s| job["state"] == *s) {
                 return job;
             }
-            assert!(Instant::now() < deadline, "job {id} never reached {states:?}: {job}");
+            assert!(
+                Instant::now() < deadline,
+                "job {id} never reached {states:?}: {job}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -134,7 +137,11 @@ fn submitted_jobs_run_as_child_processes_with_their_own_logs() {
     assert!(logs.stdout.contains("out-line"), "{}", logs.stdout);
     assert!(logs.stdout.contains("err-line"), "{}", logs.stdout);
     // The job saw its GPU by UUID and its MPS memory limit for device 0.
-    assert!(logs.stdout.contains("GPU-00000000-0000-4000-8000-"), "{}", logs.stdout);
+    assert!(
+        logs.stdout.contains("GPU-00000000-0000-4000-8000-"),
+        "{}",
+        logs.stdout
+    );
     assert!(logs.stdout.contains("0=6144M"), "{}", logs.stdout);
 }
 
@@ -161,7 +168,10 @@ fn out_of_memory_retries_are_bounded_and_other_failures_are_not_retried() {
     let plain = s.submit(&[], "echo something else broke >&2; exit 3");
     let job = s.wait_for(oom, &["failed"]);
     assert_eq!(job["attempts"], 3, "{job}");
-    assert!(job["reason"].as_str().unwrap().contains("out of memory"), "{job}");
+    assert!(
+        job["reason"].as_str().unwrap().contains("out of memory"),
+        "{job}"
+    );
     let job = s.wait_for(plain, &["failed"]);
     assert_eq!(job["attempts"], 1, "{job}");
     assert_eq!(job["reason"], "exit code 3");
@@ -176,7 +186,11 @@ fn an_observed_peak_becomes_the_next_estimate_for_the_same_command() {
     assert_eq!(job["estimate_mib"], 4096, "the default estimate");
     assert_eq!(job["peak_mib"], 3000);
     let second = s.submit(&[], script);
-    assert_eq!(s.job(second)["estimate_mib"], 3300, "1.1 × the observed peak");
+    assert_eq!(
+        s.job(second)["estimate_mib"],
+        3300,
+        "1.1 × the observed peak"
+    );
 }
 
 #[test]
@@ -193,7 +207,8 @@ fn cancel_drops_a_queued_job_and_stops_a_running_one() {
     s.wait_for(running, &["cancelled"]);
     assert_eq!(s.job(queued)["state"], "cancelled");
     assert_eq!(s.job(queued)["attempts"], 0);
-    let again = s.fx.run(&["cancel", "--dir", &dir, &queued.to_string()], GUARD);
+    let again =
+        s.fx.run(&["cancel", "--dir", &dir, &queued.to_string()], GUARD);
     assert!(!again.status.success(), "cancelling twice is an error");
 }
 
@@ -203,7 +218,11 @@ fn the_socket_is_private_and_garbage_on_it_gets_an_error_not_a_crash() {
     let socket = s.dir().join("scheduler.sock");
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
-    for garbage in [&b"\x00\xff\x13garbage\n"[..], b"{\"v\":99,\"op\":\"queue\"}\n", b"{\"v\":1,\"op\":\"submit\"}\n"] {
+    for garbage in [
+        &b"\x00\xff\x13garbage\n"[..],
+        b"{\"v\":99,\"op\":\"queue\"}\n",
+        b"{\"v\":1,\"op\":\"submit\"}\n",
+    ] {
         let mut conn = UnixStream::connect(&socket).unwrap();
         conn.set_read_timeout(Some(GUARD)).unwrap();
         conn.write_all(garbage).unwrap();
@@ -225,7 +244,10 @@ fn the_socket_is_private_and_garbage_on_it_gets_an_error_not_a_crash() {
 fn jobs_needing_more_gpus_than_exist_are_refused() {
     let mut s = Scheduler::start(2, &[]);
     let dir = s.dir_arg();
-    let done = s.fx.run(&["submit", "--dir", &dir, "--gpus", "3", "--", "true"], GUARD);
+    let done = s.fx.run(
+        &["submit", "--dir", &dir, "--gpus", "3", "--", "true"],
+        GUARD,
+    );
     assert!(!done.status.success());
     assert!(done.stderr.contains("3 GPUs"), "{}", done.stderr);
 }
@@ -234,9 +256,14 @@ fn jobs_needing_more_gpus_than_exist_are_refused() {
 fn a_second_daemon_on_the_same_directory_is_refused() {
     let mut s = Scheduler::start(1, &[]);
     let dir = s.dir_arg();
-    let done = s.fx.run(&["scheduler", "--dir", &dir, "--gpu", "sim"], GUARD);
+    let done =
+        s.fx.run(&["scheduler", "--dir", &dir, "--gpu", "sim"], GUARD);
     assert!(!done.status.success());
-    assert!(done.stderr.contains("another ladle scheduler"), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("another ladle scheduler"),
+        "{}",
+        done.stderr
+    );
 }
 
 #[test]
@@ -278,29 +305,57 @@ fn ladle_sim_compares_policies_on_a_generated_trace() {
     let mut fx = Fixture::new();
     let trace = fx.path().join("trace.csv");
     let trace = trace.to_str().unwrap();
-    let done = fx.run(&["sim", "generate", "--jobs", "60", "--seed", "1", "--out", trace], GUARD);
+    let done = fx.run(
+        &[
+            "sim", "generate", "--jobs", "60", "--seed", "1", "--out", trace,
+        ],
+        GUARD,
+    );
     assert!(done.status.success(), "{}", done.stderr);
     let header = std::fs::read_to_string(trace).unwrap();
     assert!(header.starts_with("job_id,submit_s,duration_s,mem_mib,sm_activity,gpus\n"));
     let args = ["sim", "--trace", trace, "--gpus", "3", "--gpu-mem", "40GiB"];
-    let done = fx.run(&[&args[..], &["--policy", "exclusive,carma-most-free,ladle", "--json"]].concat(), GUARD);
+    let done = fx.run(
+        &[
+            &args[..],
+            &["--policy", "exclusive,carma-most-free,ladle", "--json"],
+        ]
+        .concat(),
+        GUARD,
+    );
     assert!(done.status.success(), "{}", done.stderr);
     let v: Value = serde_json::from_str(done.stdout.trim()).unwrap();
     let policies = v["policies"].as_object().unwrap();
     assert_eq!(policies.len(), 3);
     for (name, r) in policies {
-        for key in ["makespan_s", "mean_jct_s", "mean_gpu_util", "oom_crashes", "energy_kwh"] {
+        for key in [
+            "makespan_s",
+            "mean_jct_s",
+            "mean_gpu_util",
+            "oom_crashes",
+            "energy_kwh",
+        ] {
             assert!(r[key].is_number(), "{name} lacks {key}: {r}");
         }
         assert_eq!(r["oom_crashes"], 0, "{name}: honest estimates never crash");
     }
     let exclusive = policies["exclusive"]["makespan_s"].as_f64().unwrap();
     let ladle = policies["ladle"]["makespan_s"].as_f64().unwrap();
-    assert!(ladle < exclusive, "collocation shortens the makespan: {ladle} vs {exclusive}");
+    assert!(
+        ladle < exclusive,
+        "collocation shortens the makespan: {ladle} vs {exclusive}"
+    );
     // The table form names every policy.
     let table = fx.run(&args, GUARD);
     assert!(table.status.success(), "{}", table.stderr);
-    for name in ["exclusive", "carma-most-free", "carma-least-util", "carma-first-fit", "carma-best-fit", "ladle"] {
+    for name in [
+        "exclusive",
+        "carma-most-free",
+        "carma-least-util",
+        "carma-first-fit",
+        "carma-best-fit",
+        "ladle",
+    ] {
         assert!(table.stdout.contains(name), "{}", table.stdout);
     }
 }

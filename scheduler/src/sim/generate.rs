@@ -137,6 +137,9 @@ mod tests {
         assert!(jobs.windows(2).all(|w| w[0].submit_s <= w[1].submit_s));
         let mean_gap = jobs[jobs.len() - 1].submit_s / (jobs.len() - 1) as f64;
         assert!((50.0..70.0).contains(&mean_gap), "mean gap {mean_gap}");
-        assert!(jobs.iter().all(|j| j.mem_mib <= 30 * 1024 && j.sm_activity <= 1.0));
+        assert!(
+            jobs.iter()
+                .all(|j| j.mem_mib <= 30 * 1024 && j.sm_activity <= 1.0)
+        );
     }
 }

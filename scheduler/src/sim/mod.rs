@@ -149,7 +149,11 @@ const EPS: f64 = 1e-9;
 ///
 /// # Errors
 /// [`SimError`] for a trace the machine cannot run.
-pub fn simulate(trace: &[TraceJob], policy: Policy, config: &SimConfig) -> Result<SimReport, SimError> {
+pub fn simulate(
+    trace: &[TraceJob],
+    policy: Policy,
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
     if config.gpus == 0 || config.gpu_mem_mib == 0 {
         return Err(SimError::NoGpus);
     }
@@ -205,7 +209,9 @@ pub fn simulate(trace: &[TraceJob], policy: Policy, config: &SimConfig) -> Resul
             .iter()
             .filter_map(|r| r.crash_at)
             .fold(f64::INFINITY, f64::min);
-        let next_arrival = arrivals.front().map_or(f64::INFINITY, |&j| trace[j].submit_s);
+        let next_arrival = arrivals
+            .front()
+            .map_or(f64::INFINITY, |&j| trace[j].submit_s);
         if running.is_empty() && arrivals.is_empty() {
             if queue.is_empty() {
                 break;
@@ -354,8 +360,8 @@ pub fn simulate(trace: &[TraceJob], policy: Policy, config: &SimConfig) -> Resul
             }
             let over_limit = mem_limit_mib.is_some_and(|l| spec.mem_mib > l);
             let over_gpu = gpus.iter().any(|&g| sim.memory_mib(g) > config.gpu_mem_mib);
-            let crash_at = (over_limit || over_gpu)
-                .then(|| t + config.oom_after_s.min(spec.duration_s));
+            let crash_at =
+                (over_limit || over_gpu).then(|| t + config.oom_after_s.min(spec.duration_s));
             running.push(Running {
                 queued,
                 gpus,
@@ -432,7 +438,10 @@ mod tests {
             gpus: 1,
             ..SimConfig::default()
         };
-        let trace = [job("a", 0.0, 100.0, 1000, 0.3), job("b", 0.0, 100.0, 1000, 0.3)];
+        let trace = [
+            job("a", 0.0, 100.0, 1000, 0.3),
+            job("b", 0.0, 100.0, 1000, 0.3),
+        ];
         let exclusive = run("exclusive", &trace, &config);
         assert!((exclusive.makespan_s - 200.0).abs() < 1e-6);
         let carma = run("carma-most-free", &trace, &config);
@@ -451,7 +460,10 @@ mod tests {
         let mut policy = Policy::named("carma-first-fit").unwrap();
         policy.settle_s = 0.0;
         policy.compute = None;
-        let trace = [job("a", 0.0, 100.0, 1000, 0.8), job("b", 0.0, 100.0, 1000, 0.8)];
+        let trace = [
+            job("a", 0.0, 100.0, 1000, 0.8),
+            job("b", 0.0, 100.0, 1000, 0.8),
+        ];
         let r = simulate(&trace, policy, &config).unwrap();
         // a runs alone for the first tick boundary (b starts at the same instant with no
         // settle lock), then both share 1.6 of demand: 160 s for both.
@@ -504,7 +516,11 @@ mod tests {
         let mut wide = job("w", 0.0, 10.0, 10, 0.1);
         wide.gpus = 4;
         assert!(matches!(
-            simulate(&[wide], Policy::named("ladle").unwrap(), &SimConfig::default()),
+            simulate(
+                &[wide],
+                Policy::named("ladle").unwrap(),
+                &SimConfig::default()
+            ),
             Err(SimError::TooWide { .. })
         ));
     }

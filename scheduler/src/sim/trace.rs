@@ -137,7 +137,10 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
         let fields: Vec<&str> = row.split(',').map(str::trim).collect();
         let want = if with_feed { 7 } else { 6 };
         if fields.len() != want {
-            return Err(bad(format!("expected {want} fields, found {}", fields.len())));
+            return Err(bad(format!(
+                "expected {want} fields, found {}",
+                fields.len()
+            )));
         }
         let number = |i: usize, name: &str| -> Result<f64, ParseError> {
             match fields[i].parse::<f64>() {
@@ -145,23 +148,22 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
                 _ => Err(bad(format!("{name} {:?} is not a number ≥ 0", fields[i]))),
             }
         };
-        let job = TraceJob {
-            id: fields[0].to_owned(),
-            submit_s: number(1, "submit_s")?,
-            duration_s: number(2, "duration_s")?,
-            mem_mib: fields[3]
-                .parse()
-                .map_err(|_| bad(format!("mem_mib {:?} is not a whole number", fields[3])))?,
-            sm_activity: number(4, "sm_activity")?,
-            gpus: fields[5]
-                .parse()
-                .ok()
-                .filter(|&g| g >= 1)
-                .ok_or_else(|| bad(format!("gpus {:?} is not a whole number ≥ 1", fields[5])))?,
-            feed: with_feed
-                .then(|| fields[6].to_owned())
-                .filter(|f| !f.is_empty()),
-        };
+        let job =
+            TraceJob {
+                id: fields[0].to_owned(),
+                submit_s: number(1, "submit_s")?,
+                duration_s: number(2, "duration_s")?,
+                mem_mib: fields[3]
+                    .parse()
+                    .map_err(|_| bad(format!("mem_mib {:?} is not a whole number", fields[3])))?,
+                sm_activity: number(4, "sm_activity")?,
+                gpus: fields[5].parse().ok().filter(|&g| g >= 1).ok_or_else(|| {
+                    bad(format!("gpus {:?} is not a whole number ≥ 1", fields[5]))
+                })?,
+                feed: with_feed
+                    .then(|| fields[6].to_owned())
+                    .filter(|f| !f.is_empty()),
+            };
         if job.sm_activity > 1.0 {
             return Err(bad(format!("sm_activity {} is above 1", job.sm_activity)));
         }

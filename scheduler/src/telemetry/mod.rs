@@ -211,7 +211,14 @@ mod tests {
     #[test]
     fn the_simulated_backend_conforms() {
         let mut sim = SimGpus::new(2, 40 * 1024);
-        sim.place(0, 1, SimLoad { mem_mib: 1000, sm: 0.3 });
+        sim.place(
+            0,
+            1,
+            SimLoad {
+                mem_mib: 1000,
+                sm: 0.3,
+            },
+        );
         conforms(&mut sim);
     }
 
@@ -220,7 +227,10 @@ mod tests {
         match NvmlTelemetry::open() {
             Ok(mut nvml) => conforms(&mut nvml),
             Err(e) => assert!(
-                matches!(e, TelemetryError::NvmlUnavailable { .. } | TelemetryError::NoGpus),
+                matches!(
+                    e,
+                    TelemetryError::NvmlUnavailable { .. } | TelemetryError::NoGpus
+                ),
                 "{e}"
             ),
         }

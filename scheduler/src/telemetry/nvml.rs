@@ -59,12 +59,16 @@ impl NvmlTelemetry {
         let mut infos = Vec::new();
         let mut gpm_supported = Vec::new();
         for index in 0..count {
-            let err = |call| move |source| TelemetryError::Nvml {
-                gpu: index,
-                call,
-                source,
+            let err = |call| {
+                move |source| TelemetryError::Nvml {
+                    gpu: index,
+                    call,
+                    source,
+                }
             };
-            let device = nvml.device_by_index(index).map_err(err("device_by_index"))?;
+            let device = nvml
+                .device_by_index(index)
+                .map_err(err("device_by_index"))?;
             let mut unsuitable = Vec::new();
             match device.compute_mode() {
                 Ok(ComputeMode::Prohibited) => unsuitable.push(
@@ -145,10 +149,12 @@ impl Telemetry for NvmlTelemetry {
             });
         }
         let index = gpu as u32;
-        let err = |call| move |source| TelemetryError::Nvml {
-            gpu: index,
-            call,
-            source,
+        let err = |call| {
+            move |source| TelemetryError::Nvml {
+                gpu: index,
+                call,
+                source,
+            }
         };
         let device = self
             .nvml

@@ -128,8 +128,22 @@ mod tests {
     #[test]
     fn loads_add_up_and_saturate_at_one() {
         let mut sim = SimGpus::new(1, 1000);
-        sim.place(0, 1, SimLoad { mem_mib: 600, sm: 0.7 });
-        sim.place(0, 2, SimLoad { mem_mib: 600, sm: 0.7 });
+        sim.place(
+            0,
+            1,
+            SimLoad {
+                mem_mib: 600,
+                sm: 0.7,
+            },
+        );
+        sim.place(
+            0,
+            2,
+            SimLoad {
+                mem_mib: 600,
+                sm: 0.7,
+            },
+        );
         let s = sim.sample(0).unwrap();
         assert_eq!(s.memory_used_mib, 1000);
         assert_eq!(sim.memory_mib(0), 1200);
