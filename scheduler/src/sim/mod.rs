@@ -98,6 +98,23 @@ pub struct SimReport {
     pub jobs: usize,
 }
 
+/// What happened to one job of the trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobOutcome {
+    /// Name from the trace.
+    pub id: String,
+    /// Arrival, s.
+    pub submit_s: f64,
+    /// Start of its last attempt, s.
+    pub start_s: Option<f64>,
+    /// Completion, s (`None`: failed).
+    pub finish_s: Option<f64>,
+    /// GPUs of its last attempt.
+    pub gpus: Vec<usize>,
+    /// Out-of-memory crashes it had.
+    pub oom_crashes: u32,
+}
+
 /// A trace the simulator cannot replay.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -154,6 +171,18 @@ pub fn simulate(
     policy: Policy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
+    simulate_jobs(trace, policy, config).map(|(report, _)| report)
+}
+
+/// [`simulate`], also returning what happened to each job (in trace order).
+///
+/// # Errors
+/// [`SimError`] for a trace the machine cannot run.
+pub fn simulate_jobs(
+    trace: &[TraceJob],
+    policy: Policy,
+    config: &SimConfig,
+) -> Result<(SimReport, Vec<JobOutcome>), SimError> {
     if config.gpus == 0 || config.gpu_mem_mib == 0 {
         return Err(SimError::NoGpus);
     }
@@ -179,6 +208,17 @@ pub fn simulate(
     let mut queue: VecDeque<Queued> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     let mut finished_at: Vec<Option<f64>> = vec![None; trace.len()];
+    let mut outcomes: Vec<JobOutcome> = trace
+        .iter()
+        .map(|j| JobOutcome {
+            id: j.id.clone(),
+            submit_s: j.submit_s,
+            start_s: None,
+            finish_s: None,
+            gpus: Vec::new(),
+            oom_crashes: 0,
+        })
+        .collect();
     let (mut busy_integral, mut energy_j) = (0.0, 0.0);
     let (mut oom_crashes, mut failed_jobs) = (0u32, 0u32);
     let mut end = start;
@@ -256,6 +296,7 @@ pub fn simulate(
                 continue;
             }
             oom_crashes += 1;
+            outcomes[r.queued.job].oom_crashes += 1;
             let job = &trace[r.queued.job];
             if r.queued.crashes >= config.max_oom_retries {
                 failed_jobs += 1;
@@ -362,6 +403,8 @@ pub fn simulate(
             let over_gpu = gpus.iter().any(|&g| sim.memory_mib(g) > config.gpu_mem_mib);
             let crash_at =
                 (over_limit || over_gpu).then(|| t + config.oom_after_s.min(spec.duration_s));
+            outcomes[job].start_s = Some(t);
+            outcomes[job].gpus.clone_from(&gpus);
             running.push(Running {
                 queued,
                 gpus,
@@ -378,7 +421,10 @@ pub fn simulate(
         .filter_map(|(f, j)| f.map(|f| f - j.submit_s))
         .collect();
     let makespan_s = end - start;
-    Ok(SimReport {
+    for (o, f) in outcomes.iter_mut().zip(&finished_at) {
+        o.finish_s = *f;
+    }
+    let report = SimReport {
         makespan_s,
         mean_jct_s: if completed.is_empty() {
             0.0
@@ -394,7 +440,8 @@ pub fn simulate(
         energy_kwh: energy_j / 3.6e6,
         failed_jobs,
         jobs: trace.len(),
-    })
+    };
+    Ok((report, outcomes))
 }
 
 #[cfg(test)]
@@ -501,6 +548,48 @@ mod tests {
             assert_eq!(r.oom_crashes, 0, "{name}");
             assert_eq!(r.failed_jobs, 0, "{name}");
         }
+    }
+
+    #[test]
+    fn every_job_of_a_trace_completes_once_on_the_gpus_it_asked_for() {
+        let trace = generate(&GenerateConfig::default());
+        for name in Policy::NAMES {
+            let (report, jobs) =
+                simulate_jobs(&trace, Policy::named(name).unwrap(), &SimConfig::default()).unwrap();
+            assert_eq!(jobs.len(), trace.len());
+            for (o, j) in jobs.iter().zip(&trace) {
+                let (start, finish) = (o.start_s.unwrap(), o.finish_s.unwrap());
+                assert!(
+                    start >= j.submit_s && finish >= start + j.duration_s - 1e-6,
+                    "{o:?}"
+                );
+                assert_eq!(o.gpus.len(), j.gpus as usize);
+            }
+            let last = jobs.iter().filter_map(|o| o.finish_s).fold(0.0, f64::max);
+            assert!((report.makespan_s - (last - trace[0].submit_s)).abs() < 1e-6);
+        }
+    }
+
+    /// CARMA reports about 35 % shorter makespans than exclusive placement on its trace.
+    /// On this generated trace (seed 1, 60 jobs, 3 × 40 GiB) our model gives ladle 36 %;
+    /// other seeds give less (see `benches/README.md`). This pins the seed-1 result.
+    #[test]
+    fn on_the_seed_1_trace_ladle_cuts_the_exclusive_makespan_by_over_a_third() {
+        let trace = generate(&GenerateConfig::default());
+        let config = SimConfig::default();
+        let exclusive = run("exclusive", &trace, &config);
+        let ladle = run("ladle", &trace, &config);
+        let carma = run("carma-most-free", &trace, &config);
+        assert!(
+            ladle.makespan_s <= 0.65 * exclusive.makespan_s,
+            "{ladle:?} vs {exclusive:?}"
+        );
+        assert!(
+            ladle.mean_jct_s < carma.mean_jct_s,
+            "{ladle:?} vs {carma:?}"
+        );
+        assert!(ladle.mean_gpu_util > exclusive.mean_gpu_util);
+        assert_eq!(ladle.oom_crashes, 0);
     }
 
     #[test]
