@@ -1073,17 +1073,11 @@ impl State {
         let mut states: Vec<GpuState> = self
             .gpus
             .iter()
-            .enumerate()
-            .map(|(i, info)| GpuState {
-                total_mib: info.memory_total_mib,
-                used_mib: self.windows[i]
-                    .last
-                    .as_ref()
-                    .map_or(0, |s| s.memory_used_mib),
-                risk: self.windows[i].risk(),
-                locked_until: self.locked_until[i],
-                unusable: !info.unsuitable.is_empty(),
-                ..GpuState::default()
+            .zip(&self.windows)
+            .zip(&self.locked_until)
+            .map(|((info, windows), &locked_until)| GpuState {
+                locked_until,
+                ..GpuState::observed(info, windows)
             })
             .collect();
         for job in self.jobs.values() {

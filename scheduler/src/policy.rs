@@ -39,7 +39,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::telemetry::Risk;
+use crate::telemetry::{GpuInfo, GpuWindows, Risk};
 
 /// Most MPS clients one GPU takes (the limit of MPS on Volta and newer).
 pub const MAX_MPS_CLIENTS: u32 = 48;
@@ -220,6 +220,21 @@ pub struct GpuState {
     pub feeds: Vec<String>,
     /// False for a GPU that must not take jobs (see `GpuInfo::unsuitable`).
     pub unusable: bool,
+}
+
+impl GpuState {
+    /// A GPU as its telemetry windows show it, before the scheduler's own jobs are counted
+    /// (`jobs`, `reserved_mib`, `exclusive_job`, `feeds`) and with no settle lock.
+    pub fn observed(info: &GpuInfo, windows: &GpuWindows) -> Self {
+        Self {
+            total_mib: info.memory_total_mib,
+            used_mib: windows.last.as_ref().map_or(0, |s| s.memory_used_mib),
+            risk: windows.risk(),
+            locked_until: f64::NEG_INFINITY,
+            unusable: !info.unsuitable.is_empty(),
+            ..Self::default()
+        }
+    }
 }
 
 /// A queued job as admission sees it.

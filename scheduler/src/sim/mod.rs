@@ -343,13 +343,14 @@ pub fn simulate_jobs(
         if queue.is_empty() {
             continue;
         }
-        let mut states: Vec<GpuState> = (0..config.gpus)
-            .map(|g| GpuState {
-                total_mib: config.gpu_mem_mib,
-                used_mib: windows[g].last.as_ref().map_or(0, |s| s.memory_used_mib),
-                locked_until: locked_until[g],
-                risk: windows[g].risk(),
-                ..GpuState::default()
+        let mut states: Vec<GpuState> = sim
+            .gpus()
+            .iter()
+            .zip(&windows)
+            .zip(&locked_until)
+            .map(|((info, w), &locked_until)| GpuState {
+                locked_until,
+                ..GpuState::observed(info, w)
             })
             .collect();
         for r in &running {
