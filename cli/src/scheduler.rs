@@ -169,7 +169,9 @@ pub(crate) struct SubmitArgs {
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
-    /// The command, after `--` (run directly in the current directory, not through a shell).
+    /// The command, after `--`: run directly (not through a shell) in the current directory,
+    /// with the scheduler's environment plus LADLE_JOB_ID, CUDA_VISIBLE_DEVICES (GPU UUIDs)
+    /// and, under MPS, the MPS variables; stdout and stderr go to per-attempt log files.
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }

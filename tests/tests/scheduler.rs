@@ -301,6 +301,40 @@ fn a_sigkilled_daemon_restarts_and_no_job_is_lost_or_run_twice() {
 }
 
 #[test]
+fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
+    let mut s = Scheduler::start(1, &[]);
+    let (started, release, runs) = (s.file("started"), s.file("release"), s.file("runs.txt"));
+    let script = format!(
+        "echo $LADLE_JOB_ID >> {runs}; touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    );
+    let id = s.submit(&[], &script);
+    s.wait_for(id, &["running"]);
+    let deadline = Instant::now() + GUARD;
+    while !Path::new(&started).exists() {
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.fx.signal(s.daemon, 15);
+    let stopped = s.fx.wait(s.daemon, GUARD);
+    assert!(
+        stopped.status.success(),
+        "SIGTERM is a clean stop: {}",
+        stopped.stderr
+    );
+    assert!(
+        !s.dir().join("scheduler.sock").exists(),
+        "the socket is removed"
+    );
+    s.daemon = spawn_daemon(&mut s.fx, 1, &[]);
+    assert_eq!(s.job(id)["state"], "running", "adopted, not restarted");
+    std::fs::write(&release, "").unwrap();
+    let job = s.wait_for(id, &["succeeded", "failed", "interrupted"]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["attempts"], 1);
+    assert_eq!(lines(Path::new(&runs)), vec![id.to_string()]);
+}
+
+#[test]
 fn ladle_sim_compares_policies_on_a_generated_trace() {
     let mut fx = Fixture::new();
     let trace = fx.path().join("trace.csv");
