@@ -120,7 +120,7 @@ impl DaemonConfig {
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
-            policy: Policy::named("ladle").unwrap_or_else(|_| unreachable_policy()),
+            policy: Policy::ladle(),
             gpu: GpuBackend::Auto {
                 sim_gpus: 2,
                 sim_memory_mib: 40 * 1024,
@@ -131,11 +131,6 @@ impl DaemonConfig {
             tick: Duration::from_secs(1),
         }
     }
-}
-
-/// `ladle` is in [`Policy::NAMES`]; this is never reached, and keeps `new` free of panics.
-fn unreachable_policy() -> Policy {
-    Policy::named("exclusive").unwrap_or_else(|_| unreachable_policy())
 }
 
 /// The daemon's socket inside a state directory.
@@ -675,7 +670,15 @@ impl State {
                             }
                             continue;
                         }
-                        Err(_) => read_claim(&claim),
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            read_claim(&claim)
+                        }
+                        Err(source) => {
+                            return Err(DaemonError::Dir {
+                                path: claim,
+                                source,
+                            });
+                        }
                     }
                 }
             };

@@ -153,7 +153,31 @@ impl Policy {
     /// # Errors
     /// [`PolicyError::Unknown`] for any other name.
     pub fn named(name: &str) -> Result<Self, PolicyError> {
-        let carma = |ordering| Self {
+        Ok(match name {
+            "exclusive" => Self::exclusive(),
+            "carma-most-free" => Self::carma(GpuOrdering::MostFreeMemory),
+            "carma-least-util" => Self::carma(GpuOrdering::LeastUtilized),
+            "carma-first-fit" => Self::carma(GpuOrdering::FirstFit),
+            "carma-best-fit" => Self::carma(GpuOrdering::BestFit),
+            "ladle" => Self::ladle(),
+            _ => {
+                return Err(PolicyError::Unknown {
+                    name: name.to_owned(),
+                });
+            }
+        })
+    }
+
+    /// CARMA's rules with one of its orderings (`carma-most-free`, `carma-least-util`,
+    /// `carma-first-fit`, `carma-best-fit`).
+    pub fn carma(ordering: GpuOrdering) -> Self {
+        let name = match ordering {
+            GpuOrdering::MostFreeMemory => "carma-most-free",
+            GpuOrdering::LeastUtilized => "carma-least-util",
+            GpuOrdering::FirstFit => "carma-first-fit",
+            GpuOrdering::BestFit => "carma-best-fit",
+        };
+        Self {
             name: name.to_owned(),
             exclusive: false,
             ordering,
@@ -168,34 +192,34 @@ impl Policy {
             mps_limits: false,
             learned_estimates: false,
             feed_affinity: false,
-        };
-        Ok(match name {
-            "exclusive" => Self {
-                exclusive: true,
-                compute: None,
-                settle_s: 0.0,
-                max_clients: 1,
-                ..carma(GpuOrdering::FirstFit)
-            },
-            "carma-most-free" => carma(GpuOrdering::MostFreeMemory),
-            "carma-least-util" => carma(GpuOrdering::LeastUtilized),
-            "carma-first-fit" => carma(GpuOrdering::FirstFit),
-            "carma-best-fit" => carma(GpuOrdering::BestFit),
-            "ladle" => Self {
-                backfill: true,
-                max_bypass: 16,
-                reservations: true,
-                mps_limits: true,
-                learned_estimates: true,
-                feed_affinity: true,
-                ..carma(GpuOrdering::LeastUtilized)
-            },
-            _ => {
-                return Err(PolicyError::Unknown {
-                    name: name.to_owned(),
-                });
-            }
-        })
+        }
+    }
+
+    /// The baseline `exclusive`: FIFO, one job per GPU.
+    pub fn exclusive() -> Self {
+        Self {
+            name: "exclusive".to_owned(),
+            exclusive: true,
+            compute: None,
+            settle_s: 0.0,
+            max_clients: 1,
+            ..Self::carma(GpuOrdering::FirstFit)
+        }
+    }
+
+    /// `ladle`: CARMA least-utilised plus backfill, reservations, per-job MPS limits,
+    /// learned estimates and feed affinity.
+    pub fn ladle() -> Self {
+        Self {
+            name: "ladle".to_owned(),
+            backfill: true,
+            max_bypass: 16,
+            reservations: true,
+            mps_limits: true,
+            learned_estimates: true,
+            feed_affinity: true,
+            ..Self::carma(GpuOrdering::LeastUtilized)
+        }
     }
 }
 
