@@ -89,7 +89,8 @@ if [ "$need_seeds" = 1 ]; then
   seed_dir cifar_batch "$gen"/cifar10/data_batch_*.bin "$scratch/one_record.bin"
   # The scheduler's inputs: the first byte picks the parser (0 frame, 1 trace, 2 journal).
   printf '\000{"v":1,"op":"submit","command":["sh","-c","true"],"cwd":"/","gpu_mem_mib":6144,"gpus":1,"feed":"f","thread_percentage":null}\n' > "$scratch/frame"
-  { printf '\001'; ladle sim generate --jobs 5 --seed 1 --out /dev/stdout 2> /dev/null; } > "$scratch/trace"
+  ladle sim generate --jobs 5 --seed 1 --out "$scratch/trace.csv" 2> /dev/null
+  { printf '\001'; cat "$scratch/trace.csv"; } > "$scratch/trace"
   printf '\002{"event":"cancelled","id":1}\n{"event":"cancel' > "$scratch/journal"
   seed_dir scheduler_inputs "$scratch/frame" "$scratch/trace" "$scratch/journal"
 fi
