@@ -49,6 +49,13 @@
 //!   entry per device the client sees. This, and the MPS start/adopt/quit path, have not
 //!   yet run against a real GPU (none was available while this crate was written).
 //!
+//! ## Measured (simulator, not hardware)
+//! On the generated 60-job CARMA-like trace of seed 1, 3 GPUs of 40 GiB, `ladle` finishes
+//! 36% sooner than one job per GPU and cuts the mean completion time by 48%, with no
+//! out-of-memory crash. Over seeds 1–10 the best policy saves 17–41% (mean 27%): CARMA's
+//! ~35% holds only where long two-GPU jobs are a small part of the work. The tables and the
+//! command that reproduces them are in `benches/README.md`.
+//!
 //! ## Logging
 //! `error`: the journal cannot be written (jobs are then refused). `warn`: recoveries after
 //! a crash, unsuitable GPUs, MPS unavailable, telemetry failures. `info`: jobs submitted,
