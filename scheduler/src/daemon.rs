@@ -894,15 +894,21 @@ impl State {
         if self.telemetry.simulated().is_some() {
             self.read_sim_markers();
         }
+        // Memory per job (process group) on its busiest GPU: the processes of one job on one
+        // GPU add up; a job's peak is per GPU, like its estimate.
         let mut by_group: HashMap<u32, u64> = HashMap::new();
         for g in 0..self.gpus.len() {
             match self.telemetry.sample(g) {
                 Ok(sample) => {
+                    let mut on_gpu: HashMap<u32, u64> = HashMap::new();
                     for p in &sample.processes {
                         if let Some(pgid) = sys::process_group(p.pid) {
-                            let e = by_group.entry(pgid).or_default();
-                            *e = (*e).max(p.used_mib);
+                            *on_gpu.entry(pgid).or_default() += p.used_mib;
                         }
+                    }
+                    for (pgid, mib) in on_gpu {
+                        let e = by_group.entry(pgid).or_default();
+                        *e = (*e).max(mib);
                     }
                     self.windows[g].push(sample);
                 }
