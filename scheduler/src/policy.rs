@@ -30,7 +30,8 @@
 //!     GPUs the least loaded), and at most [`Policy::max_bypass`] times per head, so the
 //!     head cannot starve;
 //!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
-//!     consumers of that feed, ahead of the ordering.
+//!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
+//!     the ordering.
 //!
 //! A job that crashed out of memory comes back flagged [`Pending::exclusive`]: it waits
 //! for idle GPUs under every policy.
@@ -392,12 +393,33 @@ impl Admission {
             .collect();
         self.rank(job, gpus, &mut idle);
         let exclusive = self.needs_exclusive(job);
-        let mut chosen: Vec<usize> = idle.into_iter().take(want).collect();
+        let mut chosen: Vec<usize> = Vec::new();
+        // Feed affinity comes before the idle-GPU rule: a consumer joins its feed's GPUs
+        // when they pass the screens, even if another GPU is idle.
+        if let (true, false, Some(feed)) = (self.policy.feed_affinity, exclusive, &job.feed) {
+            let mut mates: Vec<usize> = (0..gpus.len())
+                .filter(|&i| {
+                    open(i)
+                        && gpus[i].feeds.iter().any(|f| f == feed)
+                        && self.screens_pass(now, job, &gpus[i])
+                })
+                .collect();
+            self.rank(job, gpus, &mut mates);
+            chosen.extend(mates.into_iter().take(want));
+        }
+        let missing = want - chosen.len();
+        chosen.extend(
+            idle.into_iter()
+                .filter(|i| !chosen.contains(i))
+                .take(missing)
+                .collect::<Vec<_>>(),
+        );
         if chosen.len() < want && !exclusive {
             let mut shared: Vec<usize> = (0..gpus.len())
                 .filter(|&i| open(i) && gpus[i].jobs > 0 && self.screens_pass(now, job, &gpus[i]))
                 .collect();
             self.rank(job, gpus, &mut shared);
+            shared.retain(|i| !chosen.contains(i));
             chosen.extend(shared.into_iter().take(want - chosen.len()));
         }
         if chosen.len() < want {
@@ -702,6 +724,29 @@ mod tests {
         }];
         assert_eq!(admit("ladle", &queue, &mut g.clone())[0].gpus, vec![0]);
         assert_eq!(admit("carma-most-free", &queue, &mut g)[0].gpus, vec![1]);
+    }
+
+    #[test]
+    fn a_consumer_joins_its_feed_rather_than_an_idle_gpu_while_the_screens_allow() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 10, 0.3);
+        g[0].feeds.push("imagenet".to_owned());
+        let consumer = Pending {
+            feed: Some("imagenet".to_owned()),
+            ..job(1, 1)
+        };
+        assert_eq!(
+            admit("ladle", &[consumer.clone()], &mut g.clone())[0].gpus,
+            vec![0]
+        );
+        // Without affinity the idle GPU goes first.
+        assert_eq!(
+            admit("carma-least-util", &[consumer.clone()], &mut g.clone())[0].gpus,
+            vec![1]
+        );
+        // A saturated feed GPU fails the compute screen: the idle GPU is taken instead.
+        busy(&mut g[0], 0, 0.95);
+        assert_eq!(admit("ladle", &[consumer], &mut g)[0].gpus, vec![1]);
     }
 
     #[test]

@@ -335,6 +335,31 @@ fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
 }
 
 #[test]
+fn consumers_of_one_feed_share_a_gpu_while_other_jobs_spread_out() {
+    let mut s = Scheduler::start(2, &[]);
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let a = s.submit(&["--feed", "imagenet", "--gpu-mem", "2GiB"], &hold);
+    let first = s.wait_for(a, &["running"]);
+    let b = s.submit(&["--feed", "imagenet", "--gpu-mem", "2GiB"], &hold);
+    let second = s.wait_for(b, &["running"]);
+    assert_eq!(
+        first["gpus"], second["gpus"],
+        "one feed, one GPU: {first} {second}"
+    );
+    let c = s.submit(&["--gpu-mem", "2GiB"], &hold);
+    let other = s.wait_for(c, &["running"]);
+    assert_ne!(other["gpus"], first["gpus"], "no feed: the idle GPU first");
+    std::fs::write(&release, "").unwrap();
+    for id in [a, b, c] {
+        assert_eq!(
+            s.wait_for(id, &["succeeded", "failed"])["state"],
+            "succeeded"
+        );
+    }
+}
+
+#[test]
 fn ladle_sim_compares_policies_on_a_generated_trace() {
     let mut fx = Fixture::new();
     let trace = fx.path().join("trace.csv");
