@@ -736,12 +736,17 @@ mod tests {
             ..job(1, 1)
         };
         assert_eq!(
-            admit("ladle", &[consumer.clone()], &mut g.clone())[0].gpus,
+            admit("ladle", std::slice::from_ref(&consumer), &mut g.clone())[0].gpus,
             vec![0]
         );
         // Without affinity the idle GPU goes first.
         assert_eq!(
-            admit("carma-least-util", &[consumer.clone()], &mut g.clone())[0].gpus,
+            admit(
+                "carma-least-util",
+                std::slice::from_ref(&consumer),
+                &mut g.clone()
+            )[0]
+            .gpus,
             vec![1]
         );
         // A saturated feed GPU fails the compute screen: the idle GPU is taken instead.
