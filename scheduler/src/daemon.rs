@@ -46,7 +46,7 @@ use crate::protocol::{
 };
 use crate::sys;
 use crate::telemetry::{
-    GpuInfo, GpuWindows, NvmlTelemetry, SimGpus, SimLoad, Telemetry, TelemetryError,
+    GpuInfo, GpuWindows, NvmlTelemetry, ProcessMemory, SimGpus, SimLoad, Telemetry, TelemetryError,
 };
 
 /// Which GPUs the daemon schedules.
@@ -894,27 +894,17 @@ impl State {
         if self.telemetry.simulated().is_some() {
             self.read_sim_markers();
         }
-        // Memory per job (process group) on its busiest GPU: the processes of one job on one
-        // GPU add up; a job's peak is per GPU, like its estimate.
-        let mut by_group: HashMap<u32, u64> = HashMap::new();
+        let mut processes = Vec::with_capacity(self.gpus.len());
         for g in 0..self.gpus.len() {
             match self.telemetry.sample(g) {
                 Ok(sample) => {
-                    let mut on_gpu: HashMap<u32, u64> = HashMap::new();
-                    for p in &sample.processes {
-                        if let Some(pgid) = sys::process_group(p.pid) {
-                            *on_gpu.entry(pgid).or_default() += p.used_mib;
-                        }
-                    }
-                    for (pgid, mib) in on_gpu {
-                        let e = by_group.entry(pgid).or_default();
-                        *e = (*e).max(mib);
-                    }
+                    processes.push(sample.processes.clone());
                     self.windows[g].push(sample);
                 }
                 Err(e) => tracing::warn!(gpu = g, "telemetry: {e}"),
             }
         }
+        let by_group = memory_by_group(&processes, sys::process_group);
         if self.telemetry.simulated().is_none() {
             for run in self.jobs.values_mut().filter_map(|j| j.run.as_mut()) {
                 if let Some(&mib) = run.pid.and_then(|pid| by_group.get(&pid)) {
@@ -1223,6 +1213,29 @@ impl State {
     }
 }
 
+/// Each process group's device memory on its busiest GPU, MiB, from the GPUs' process
+/// lists: a job's processes on one GPU add up, and a job's peak is per GPU, like its
+/// estimate. `group_of` maps a pid to its process group (`None`: gone).
+fn memory_by_group(
+    per_gpu: &[Vec<ProcessMemory>],
+    group_of: impl Fn(u32) -> Option<u32>,
+) -> HashMap<u32, u64> {
+    let mut by_group: HashMap<u32, u64> = HashMap::new();
+    for processes in per_gpu {
+        let mut on_gpu: HashMap<u32, u64> = HashMap::new();
+        for p in processes {
+            if let Some(pgid) = group_of(p.pid) {
+                *on_gpu.entry(pgid).or_default() += p.used_mib;
+            }
+        }
+        for (pgid, mib) in on_gpu {
+            let e = by_group.entry(pgid).or_default();
+            *e = (*e).max(mib);
+        }
+    }
+    by_group
+}
+
 /// The pid a wrapper wrote into its claim file; `None` if it never finished writing it.
 fn read_claim(path: &Path) -> Option<u32> {
     for _ in 0..20 {
@@ -1249,6 +1262,25 @@ mod tests {
         );
         assert_eq!(parse_sim_marker("ladle-sim: sm=7"), Some((None, None)));
         assert_eq!(parse_sim_marker("epoch 1 loss 0.3"), None);
+    }
+
+    #[test]
+    fn a_jobs_memory_sums_its_processes_per_gpu_and_peaks_over_gpus() {
+        let p = |pid, used_mib| ProcessMemory { pid, used_mib };
+        // Group 100 = pids 1, 2 (a job and its data-loader child); group 200 = pid 3.
+        let group = |pid: u32| match pid {
+            1 | 2 => Some(100),
+            3 => Some(200),
+            _ => None,
+        };
+        let per_gpu = vec![
+            vec![p(1, 3000), p(2, 500), p(3, 700), p(9, 9999)],
+            vec![p(1, 4000), p(3, 100)],
+        ];
+        let by_group = memory_by_group(&per_gpu, group);
+        assert_eq!(by_group.get(&100), Some(&4000));
+        assert_eq!(by_group.get(&200), Some(&700));
+        assert_eq!(by_group.len(), 2, "processes that are gone are ignored");
     }
 
     #[test]
