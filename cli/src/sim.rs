@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use ladle_scheduler::policy::Policy;
 use ladle_scheduler::sim::generate::{GenerateConfig, generate};
-use ladle_scheduler::sim::{SimConfig, SimReport, simulate, trace};
+use ladle_scheduler::sim::{SimConfig, SimReport, simulate_jobs, trace};
 use ladle_scheduler::units::parse_mib;
 
 #[derive(Debug, Args)]
@@ -69,6 +69,10 @@ struct ReplayArgs {
     /// Print one JSON object {"policies": {NAME: {...}}} instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write every job's schedule to this CSV file (policy, job_id, submit_s, start_s,
+    /// finish_s, gpus, oom_crashes; start and finish of the last attempt, empty if it failed).
+    #[arg(long)]
+    per_job: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
@@ -111,6 +115,7 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let mut reports: BTreeMap<String, SimReport> = BTreeMap::new();
     let mut order = Vec::new();
+    let mut per_job = String::from("policy,job_id,submit_s,start_s,finish_s,gpus,oom_crashes\n");
     for name in names {
         let mut policy = Policy::named(name)?;
         if let Some(settle) = args.settle_s {
@@ -121,10 +126,26 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 policy.settle_s = settle;
             }
         }
-        let report = simulate(&jobs, policy, &config)
+        let (report, outcomes) = simulate_jobs(&jobs, policy, &config)
             .with_context(|| format!("simulating {}", path.display()))?;
+        let time = |t: Option<f64>| t.map_or(String::new(), |t| format!("{t:.1}"));
+        for o in outcomes {
+            let gpus: Vec<String> = o.gpus.iter().map(usize::to_string).collect();
+            per_job.push_str(&format!(
+                "{name},{},{:.1},{},{},{},{}\n",
+                o.id,
+                o.submit_s,
+                time(o.start_s),
+                time(o.finish_s),
+                gpus.join(" "),
+                o.oom_crashes
+            ));
+        }
         order.push(name.to_owned());
         reports.insert(name.to_owned(), report);
+    }
+    if let Some(out) = &args.per_job {
+        std::fs::write(out, per_job).with_context(|| format!("writing {}", out.display()))?;
     }
     if args.json {
         println!("{}", serde_json::json!({ "policies": reports }));

@@ -404,8 +404,12 @@ fn ladle_sim_compares_policies_on_a_generated_trace() {
         ladle < exclusive,
         "collocation shortens the makespan: {ladle} vs {exclusive}"
     );
-    // The table form names every policy.
-    let table = fx.run(&args, GUARD);
+    // The table form names every policy; --per-job writes every job's schedule.
+    let per_job = fx.path().join("jobs.csv");
+    let table = fx.run(
+        &[&args[..], &["--per-job", per_job.to_str().unwrap()]].concat(),
+        GUARD,
+    );
     assert!(table.status.success(), "{}", table.stderr);
     for name in [
         "exclusive",
@@ -417,4 +421,10 @@ fn ladle_sim_compares_policies_on_a_generated_trace() {
     ] {
         assert!(table.stdout.contains(name), "{}", table.stdout);
     }
+    let rows = std::fs::read_to_string(&per_job).unwrap();
+    assert_eq!(
+        rows.lines().count(),
+        1 + 6 * 60,
+        "a header and one row per policy and job"
+    );
 }
