@@ -22,8 +22,9 @@
 //!   - *reservations*: free memory is `min(observed, total − Σ estimates of admitted jobs)`,
 //!     so a job that has not allocated yet still counts;
 //!   - *per-job MPS memory limits*: each collocated job gets
-//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` equal to its estimate, which is what makes
-//!     reservations sound (a job placed exclusively gets no limit);
+//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` of `max(estimate + margin, 1.5 × estimate)`
+//!     ([`Policy::limit_mib`]), so a runaway job crashes itself, not its neighbours (a job
+//!     placed exclusively gets no limit);
 //!   - *learned estimates*: a command's next estimate comes from its observed peak;
 //!   - *backfill*: when the head cannot start, later jobs may, but never on the GPUs the head
 //!     is waiting for (the ones with the most free memory, or for a job that needs exclusive
@@ -194,6 +195,16 @@ impl Policy {
             learned_estimates: false,
             feed_affinity: false,
         }
+    }
+
+    /// The MPS pinned-memory limit of a collocated job with this estimate, MiB:
+    /// `max(estimate + margin, 1.5 × estimate)`. It is a guard against a runaway job, not a
+    /// second estimate: a job may overshoot by the margin the memory screen kept free (or
+    /// by half, the factor of an out-of-memory retry) before its limit stops it, and only it.
+    pub fn limit_mib(&self, estimate_mib: u64) -> u64 {
+        estimate_mib
+            .saturating_add(self.margin_mib)
+            .max(estimate_mib.saturating_mul(3).div_ceil(2))
     }
 
     /// The baseline `exclusive`: FIFO, one job per GPU.
@@ -432,7 +443,8 @@ impl Admission {
             exclusive,
             // A job alone on its GPUs may use all of them: that is how an out-of-memory
             // retry shows its true peak.
-            mem_limit_mib: (self.policy.mps_limits && !exclusive).then_some(job.estimate_mib),
+            mem_limit_mib: (self.policy.mps_limits && !exclusive)
+                .then(|| self.policy.limit_mib(job.estimate_mib)),
         })
     }
 
@@ -705,9 +717,15 @@ mod tests {
     }
 
     #[test]
-    fn ladle_gives_each_job_an_mps_limit_of_its_estimate() {
+    fn ladle_gives_each_job_an_mps_limit_with_headroom_over_its_estimate() {
         let placed = admit("ladle", &[job(1, 6)], &mut gpus(1));
-        assert_eq!(placed[0].mem_limit_mib, Some(6 * GIB));
+        assert_eq!(placed[0].mem_limit_mib, Some(9 * GIB), "1.5 × 6 GiB");
+        let placed = admit("ladle", &[job(2, 2)], &mut gpus(1));
+        assert_eq!(
+            placed[0].mem_limit_mib,
+            Some(4 * GIB),
+            "2 GiB + the 2 GiB margin"
+        );
         let placed = admit("carma-most-free", &[job(1, 6)], &mut gpus(1));
         assert_eq!(placed[0].mem_limit_mib, None);
     }

@@ -136,13 +136,17 @@ fn submitted_jobs_run_as_child_processes_with_their_own_logs() {
     assert!(logs.status.success(), "{}", logs.stderr);
     assert!(logs.stdout.contains("out-line"), "{}", logs.stdout);
     assert!(logs.stdout.contains("err-line"), "{}", logs.stdout);
-    // The job saw its GPU by UUID and its MPS memory limit for device 0.
+    // The job saw its GPU by UUID and its MPS memory limit (with headroom) for device 0.
     assert!(
         logs.stdout.contains("GPU-00000000-0000-4000-8000-"),
         "{}",
         logs.stdout
     );
-    assert!(logs.stdout.contains("0=6144M"), "{}", logs.stdout);
+    assert!(
+        logs.stdout.contains("0=9216M"),
+        "1.5 × 6 GiB: {}",
+        logs.stdout
+    );
 }
 
 #[test]
