@@ -152,8 +152,9 @@ pub(crate) fn run_daemon(args: SchedulerArgs) -> anyhow::Result<()> {
 pub(crate) struct SubmitArgs {
     #[command(flatten)]
     dir: DirArg,
-    /// Device memory the job needs per GPU (e.g. 6GiB, 512MiB). Default: 1.1 × the peak
-    /// observed when this command last succeeded, else the scheduler's --default-gpu-mem.
+    /// Device memory the job needs per GPU (e.g. 6GiB, 512MiB). Default: under the `ladle`
+    /// policy 1.1 × the peak observed when this command last succeeded; otherwise, or for a
+    /// new command, the scheduler's --default-gpu-mem.
     #[arg(long)]
     gpu_mem: Option<String>,
     /// GPUs the job needs at once.
