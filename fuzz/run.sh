@@ -30,7 +30,7 @@ fuzz_dir="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$fuzz_dir")"
 cd "$repo"
 
-targets=(${FUZZ_TARGETS:-decode wds_shard cifar_batch imagefolder})
+targets=(${FUZZ_TARGETS:-decode wds_shard cifar_batch imagefolder scheduler_inputs})
 
 if ! cargo fuzz --version > /dev/null 2>&1; then
   echo "== installing cargo-fuzz"
@@ -87,6 +87,12 @@ if [ "$need_seeds" = 1 ]; then
   # The whole 4-record batch, and a single record.
   head -c 3073 "$gen"/cifar10/data_batch_1.bin > "$scratch/one_record.bin"
   seed_dir cifar_batch "$gen"/cifar10/data_batch_*.bin "$scratch/one_record.bin"
+  # The scheduler's inputs: the first byte picks the parser (0 frame, 1 trace, 2 journal).
+  printf '\000{"v":1,"op":"submit","command":["sh","-c","true"],"cwd":"/","gpu_mem_mib":6144,"gpus":1,"feed":"f","thread_percentage":null}\n' > "$scratch/frame"
+  ladle sim generate --jobs 5 --seed 1 --out "$scratch/trace.csv" 2> /dev/null
+  { printf '\001'; cat "$scratch/trace.csv"; } > "$scratch/trace"
+  printf '\002{"event":"cancelled","id":1}\n{"event":"cancel' > "$scratch/journal"
+  seed_dir scheduler_inputs "$scratch/frame" "$scratch/trace" "$scratch/journal"
 fi
 
 # --- fuzzing --------------------------------------------------------------------------------

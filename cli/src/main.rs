@@ -10,7 +10,9 @@ mod dataset;
 mod demo;
 mod plot;
 mod progress;
+mod scheduler;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -40,13 +42,29 @@ enum Command {
     /// A reference consumer: read epochs from a producer and check that each one holds every
     /// sample exactly once.
     Consume(consume::ConsumeArgs),
+    /// Replay a job trace on simulated GPUs and compare admission policies (makespan, job
+    /// completion time, utilisation, out-of-memory crashes, energy); `sim generate` writes a
+    /// CARMA-like trace.
+    Sim(sim::SimArgs),
+    /// Run the GPU admission scheduler: a daemon on a Unix socket that starts submitted jobs
+    /// on the GPUs (under MPS) when memory and compute headroom allow, until SIGTERM.
+    Scheduler(scheduler::SchedulerArgs),
+    /// Queue a job with the scheduler: `ladle submit --gpu-mem 6GiB -- python train.py`.
+    Submit(scheduler::SubmitArgs),
+    /// Show the scheduler's jobs and GPUs.
+    Queue(scheduler::QueueArgs),
+    /// Cancel a queued or running job.
+    Cancel(scheduler::CancelArgs),
+    /// Print a job's stdout and stderr (every attempt).
+    Logs(scheduler::LogsArgs),
 }
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,ladle_producer=info")),
+            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,ladle_producer=info,ladle_scheduler=info")
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -58,6 +76,12 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Consume(args) => consume::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Sim(args) => sim::run(args),
+        Command::Scheduler(args) => scheduler::run_daemon(args),
+        Command::Submit(args) => scheduler::submit(args),
+        Command::Queue(args) => scheduler::queue(args),
+        Command::Cancel(args) => scheduler::cancel(args),
+        Command::Logs(args) => scheduler::logs(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

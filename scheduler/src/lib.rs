@@ -1,7 +1,74 @@
 //! # ladle-scheduler: collocation-aware GPU admission
 //!
-//! In `DESIGN.md`'s picture this crate is the scheduler at the bottom: NVML telemetry, MPS
-//! control and admission policies (CARMA's rules and ours) that decide when a training
-//! process may start on a GPU. It knows producers' feeds by name only.
+//! The scheduler of `DESIGN.md`'s picture, the bottom line:
 //!
-//! **Status:** not built yet. The scheduler issue fills this crate.
+//! ```text
+//!  scheduler ── NVML telemetry, MPS control ── GPU(s) ◄── admits the consumers' training processes
+//! ```
+//!
+//! It starts training processes (jobs) on the machine's GPUs under NVIDIA MPS only while
+//! memory and compute headroom allow, as CARMA does, recovers jobs that crash out of
+//! memory, loses no job across a crash of its own, and places the consumers of one producer
+//! feed together. It knows feeds by name only and depends on no other ladle crate. The
+//! `ladle` binary's `scheduler`, `submit`, `queue`, `cancel`, `logs` and `sim` subcommands
+//! are thin shells over it.
+//!
+//! ## Layers
+//! - bottom, OS and devices: [`sys`] (`/proc`, process groups, peer uid, lock file),
+//!   [`telemetry::nvml`] (libnvidia-ml loaded at run time), [`mps`]
+//!   (`nvidia-cuda-mps-control`);
+//! - building blocks: [`telemetry`] (one trait, NVML and simulated backends), [`window`]
+//!   (30-sample windows, CARMA's risk score), [`policy`] (the admission engine, one for the
+//!   daemon and the simulator), [`job`], [`journal`], [`protocol`], [`units`];
+//! - on top: [`daemon`] (the Unix-socket service) and [`sim`] (trace replay and the
+//!   CARMA-like trace generator).
+//!
+//! ## Example: compare two policies on a generated trace
+//! ```
+//! use ladle_scheduler::policy::Policy;
+//! use ladle_scheduler::sim::generate::{GenerateConfig, generate};
+//! use ladle_scheduler::sim::{SimConfig, simulate};
+//!
+//! let trace = generate(&GenerateConfig { jobs: 20, seed: 7, mean_gap_s: 30.0 });
+//! let config = SimConfig { gpus: 2, gpu_mem_mib: 40 * 1024, ..SimConfig::default() };
+//! let exclusive = simulate(&trace, Policy::named("exclusive")?, &config)?;
+//! let ladle = simulate(&trace, Policy::named("ladle")?, &config)?;
+//! assert!(ladle.makespan_s <= exclusive.makespan_s);
+//! assert_eq!(ladle.oom_crashes, 0); // honest estimates
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## What is real and what is simulated
+//! - NVML: memory, utilisation and per-process memory on every NVIDIA GPU; SM activity, SM
+//!   occupancy and DRAM bandwidth through GPM (nvml-wrapper's safe GPM API) on Hopper and
+//!   newer, `None` elsewhere (admission then uses utilisation and treats the unknowns as
+//!   high). No driver is [`telemetry::TelemetryError::NvmlUnavailable`], never a panic.
+//! - The simulated backend serves the tests, the daemon's `--gpu sim` mode and the
+//!   simulator; its model is in [`telemetry::sim`] and [`sim`].
+//! - MPS limits are set with `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in the `0=6144M` form, one
+//!   entry per device the client sees. This, and the MPS start/adopt/quit path, have not
+//!   yet run against a real GPU (none was available while this crate was written).
+//!
+//! ## Measured (simulator, not hardware)
+//! On the generated 60-job CARMA-like trace of seed 1, 3 GPUs of 40 GiB, `ladle` finishes
+//! 36% sooner than one job per GPU and cuts the mean completion time by 48%, with no
+//! out-of-memory crash. Over seeds 1–10 the best policy saves 17–41% (mean 27%): CARMA's
+//! ~35% holds only where long two-GPU jobs are a small part of the work. The tables and the
+//! command that reproduces them are in `benches/README.md`.
+//!
+//! ## Logging
+//! `error`: the journal cannot be written (jobs are then refused). `warn`: recoveries after
+//! a crash, unsuitable GPUs, MPS unavailable, telemetry failures. `info`: jobs submitted,
+//! started and ended; the daemon starting and stopping. `debug`: rejected client frames.
+
+pub mod daemon;
+pub mod job;
+pub mod journal;
+pub mod mps;
+pub mod policy;
+pub mod protocol;
+pub mod sim;
+pub mod sys;
+pub mod telemetry;
+pub mod units;
+pub mod window;

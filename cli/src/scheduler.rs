@@ -1,0 +1,335 @@
+//! `ladle scheduler` (the admission daemon) and its clients `ladle submit`, `ladle queue`,
+//! `ladle cancel`, `ladle logs`. Thin shells over `ladle_scheduler::{daemon, protocol}`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
+use ladle_scheduler::job::{JobSpec, JobState};
+use ladle_scheduler::policy::Policy;
+use ladle_scheduler::protocol::{self, Request, Response};
+use ladle_scheduler::units::{format_mib, parse_mib};
+
+/// How long a client waits for the daemon's answer.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Args)]
+pub(crate) struct DirArg {
+    /// The scheduler's state directory (socket `scheduler.sock`, journal, job logs, MPS
+    /// pipes). Default: $LADLE_SCHEDULER_DIR, else $XDG_STATE_HOME/ladle/scheduler, else
+    /// ~/.local/state/ladle/scheduler.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+impl DirArg {
+    fn resolve(&self) -> anyhow::Result<PathBuf> {
+        if let Some(dir) = &self.dir {
+            return Ok(dir.clone());
+        }
+        if let Some(dir) = std::env::var_os("LADLE_SCHEDULER_DIR") {
+            return Ok(dir.into());
+        }
+        if let Some(state) = std::env::var_os("XDG_STATE_HOME") {
+            return Ok(PathBuf::from(state).join("ladle").join("scheduler"));
+        }
+        let home = std::env::var_os("HOME").context("no --dir, $LADLE_SCHEDULER_DIR or $HOME")?;
+        Ok(PathBuf::from(home).join(".local/state/ladle/scheduler"))
+    }
+
+    fn request(&self, request: &Request) -> anyhow::Result<Response> {
+        let socket = daemon::socket_path(&self.resolve()?);
+        match protocol::request(&socket, request, CLIENT_TIMEOUT)? {
+            Response::Error { message } => bail!("scheduler: {message}"),
+            other => Ok(other),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GpuChoice {
+    /// NVML if the driver loads, else simulated GPUs (with a warning).
+    Auto,
+    /// Real GPUs through NVML; no driver is an error.
+    Nvml,
+    /// Simulated GPUs (--sim-gpus, --sim-gpu-mem): for tests and trying ladle out.
+    Sim,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MpsChoice {
+    /// Start or adopt MPS when nvidia-cuda-mps-control exists (never on simulated GPUs).
+    Auto,
+    /// Require MPS.
+    On,
+    /// Run jobs without MPS.
+    Off,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SchedulerArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Admission policy: exclusive, carma-most-free, carma-least-util, carma-first-fit,
+    /// carma-best-fit, or ladle (CARMA's rules plus backfill, reservations, per-job MPS
+    /// memory limits, learned estimates and feed affinity).
+    #[arg(long, default_value = "ladle")]
+    policy: String,
+    /// Which GPUs to schedule.
+    #[arg(long, value_enum, default_value_t = GpuChoice::Auto)]
+    gpu: GpuChoice,
+    /// Simulated GPUs (with --gpu sim, or --gpu auto without a driver).
+    #[arg(long, default_value_t = 2)]
+    sim_gpus: usize,
+    /// Memory of each simulated GPU (e.g. 40GiB; a bare number is MiB).
+    #[arg(long, default_value = "40GiB")]
+    sim_gpu_mem: String,
+    /// Whether jobs run under NVIDIA MPS.
+    #[arg(long, value_enum, default_value_t = MpsChoice::Auto)]
+    mps: MpsChoice,
+    /// Memory estimate for a job submitted without --gpu-mem and never seen before.
+    #[arg(long, default_value = "4GiB")]
+    default_gpu_mem: String,
+    /// Times a job that fails with CUDA out of memory is retried (alone, with a raised
+    /// estimate) before it counts as failed.
+    #[arg(long, default_value_t = 3)]
+    max_oom_retries: u32,
+    /// Seconds a GPU takes no further job after a dispatch (default: the policy's, 20 s;
+    /// 0 for the exclusive baseline).
+    #[arg(long)]
+    settle_s: Option<f64>,
+}
+
+pub(crate) fn run_daemon(args: SchedulerArgs) -> anyhow::Result<()> {
+    let dir = args.dir.resolve()?;
+    let mut config = DaemonConfig::new(dir.clone());
+    config.policy = Policy::named(&args.policy)?;
+    if let Some(settle) = args.settle_s {
+        if !(settle.is_finite() && settle >= 0.0) {
+            bail!("--settle-s must be a number ≥ 0");
+        }
+        config.policy.settle_s = settle;
+    }
+    let sim_memory_mib = parse_mib(&args.sim_gpu_mem).context("--sim-gpu-mem")?;
+    if args.sim_gpus == 0 || sim_memory_mib == 0 {
+        bail!("--sim-gpus and --sim-gpu-mem must be positive");
+    }
+    config.gpu = match args.gpu {
+        GpuChoice::Auto => GpuBackend::Auto {
+            sim_gpus: args.sim_gpus,
+            sim_memory_mib,
+        },
+        GpuChoice::Nvml => GpuBackend::Nvml,
+        GpuChoice::Sim => GpuBackend::Sim {
+            gpus: args.sim_gpus,
+            memory_mib: sim_memory_mib,
+        },
+    };
+    config.mps = match args.mps {
+        MpsChoice::Auto => MpsMode::Auto,
+        MpsChoice::On => MpsMode::On,
+        MpsChoice::Off => MpsMode::Off,
+    };
+    config.default_estimate_mib = parse_mib(&args.default_gpu_mem).context("--default-gpu-mem")?;
+    config.max_oom_retries = args.max_oom_retries;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
+    }
+    eprintln!(
+        "ladle scheduler on {} (policy {}); Ctrl-C or SIGTERM stops it, running jobs continue",
+        daemon::socket_path(&dir).display(),
+        config.policy.name
+    );
+    daemon::run(config, stop).with_context(|| format!("scheduler on {}", dir.display()))
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Device memory the job needs per GPU (e.g. 6GiB, 512MiB). Default: under the `ladle`
+    /// policy 1.1 × the peak observed when this command last succeeded; otherwise, or for a
+    /// new command, the scheduler's --default-gpu-mem.
+    #[arg(long)]
+    gpu_mem: Option<String>,
+    /// GPUs the job needs at once.
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// The producer feed the job consumes (`ladle serve`'s name for it): consumers of one
+    /// feed are placed together.
+    #[arg(long)]
+    feed: Option<String>,
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the job, 1–100 (default: unset, all SMs).
+    #[arg(long)]
+    thread_percentage: Option<u32>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The command, after `--`: run directly (not through a shell) in the current directory,
+    /// with the scheduler's environment plus LADLE_JOB_ID, CUDA_VISIBLE_DEVICES (GPU UUIDs)
+    /// and, under MPS, the MPS variables; stdout and stderr go to per-attempt log files.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let gpu_mem_mib = args
+        .gpu_mem
+        .as_deref()
+        .map(parse_mib)
+        .transpose()
+        .context("--gpu-mem")?;
+    let spec = JobSpec {
+        command: args.command,
+        cwd: std::env::current_dir().context("current directory")?,
+        gpu_mem_mib,
+        gpus: args.gpus,
+        feed: args.feed,
+        thread_percentage: args.thread_percentage,
+    };
+    let response = args.dir.request(&Request::Submit(spec))?;
+    let Response::Submitted { id, estimate_mib } = response else {
+        bail!("unexpected answer: {response:?}");
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"id": id, "estimate_mib": estimate_mib})
+        );
+    } else {
+        println!("submitted job {id} (estimate {})", format_mib(estimate_mib));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QueueArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Print one JSON object {"policy", "jobs": [...], "gpus": [...]}.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
+    let response = args.dir.request(&Request::Queue)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&response)?);
+        return Ok(());
+    }
+    let Response::Queue { policy, jobs, gpus } = response else {
+        bail!("unexpected answer: {response:?}");
+    };
+    println!("policy {policy}");
+    for g in &gpus {
+        let note = if g.info.unsuitable.is_empty() {
+            String::new()
+        } else {
+            format!("  UNSUITABLE: {}", g.info.unsuitable.join("; "))
+        };
+        println!(
+            "gpu {} {} {}: {} / {} used, SM risk {:.2}, {} jobs{note}",
+            g.info.index,
+            g.info.name,
+            g.info.uuid,
+            format_mib(g.memory_used_mib),
+            format_mib(g.info.memory_total_mib),
+            g.sm_activity_risk,
+            g.jobs
+        );
+    }
+    println!(
+        "{:>5}  {:<12} {:<6} {:>9} {:>9} {:>4}  command",
+        "id", "state", "gpus", "estimate", "peak", "runs"
+    );
+    for j in &jobs {
+        let (state, gpus) = match &j.state {
+            JobState::Queued => ("queued".to_owned(), "-".to_owned()),
+            JobState::Running { gpus, .. } => (
+                "running".to_owned(),
+                gpus.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            JobState::Succeeded => ("succeeded".to_owned(), "-".to_owned()),
+            JobState::Failed { .. } => ("failed".to_owned(), "-".to_owned()),
+            JobState::Cancelled => ("cancelled".to_owned(), "-".to_owned()),
+            JobState::Interrupted { .. } => ("interrupted".to_owned(), "-".to_owned()),
+            _ => ("?".to_owned(), "-".to_owned()),
+        };
+        println!(
+            "{:>5}  {:<12} {:<6} {:>9} {:>9} {:>4}  {}",
+            j.id,
+            state,
+            gpus,
+            format_mib(j.estimate_mib),
+            j.peak_mib.map_or("-".to_owned(), format_mib),
+            j.attempts,
+            j.spec.command.join(" ")
+        );
+        if let JobState::Failed { reason } | JobState::Interrupted { reason } = &j.state {
+            println!("{:>5}  └ {reason}", "");
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CancelArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The job id (from `ladle submit` or `ladle queue`).
+    id: u64,
+}
+
+pub(crate) fn cancel(args: CancelArgs) -> anyhow::Result<()> {
+    args.dir.request(&Request::Cancel { id: args.id })?;
+    println!("cancelled job {}", args.id);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LogsArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The job id.
+    id: u64,
+    /// Print the log file paths only.
+    #[arg(long)]
+    paths: bool,
+}
+
+pub(crate) fn logs(args: LogsArgs) -> anyhow::Result<()> {
+    let response = args.dir.request(&Request::Logs { id: args.id })?;
+    let Response::Logs { attempts, .. } = response else {
+        bail!("unexpected answer: {response:?}");
+    };
+    if attempts.is_empty() {
+        eprintln!("job {} has not started yet", args.id);
+    }
+    for a in attempts {
+        if args.paths {
+            println!("{}\n{}", a.stdout_path.display(), a.stderr_path.display());
+            continue;
+        }
+        println!(
+            "== attempt {} stdout ({})",
+            a.attempt,
+            a.stdout_path.display()
+        );
+        print!("{}", a.stdout);
+        println!(
+            "== attempt {} stderr ({})",
+            a.attempt,
+            a.stderr_path.display()
+        );
+        print!("{}", a.stderr);
+    }
+    Ok(())
+}

@@ -1,0 +1,811 @@
+//! Admission policies: which queued job starts on which GPU(s), now.
+//!
+//! One engine, [`Admission`], serves both the daemon (GPU state from NVML or the simulated
+//! backend) and the trace simulator, so a policy compared in `ladle sim` is exactly the code
+//! that admits real jobs. The engine is pure: it reads a snapshot of the GPUs
+//! ([`GpuState`]) and the queue ([`Pending`], head first) and returns [`Placement`]s; the
+//! caller starts the jobs.
+//!
+//! ## The rules
+//! - **Exclusive baseline** (`exclusive`): FIFO, one job per GPU.
+//! - **CARMA** (`carma-*`): FIFO. An idle GPU is taken exclusively first (the job runs
+//!   alone there until the next job collocates). Otherwise a GPU is a candidate when it is
+//!   not settling, hosts fewer than [`Policy::max_clients`] MPS clients, passes the memory
+//!   screen `free − reserve ≥ estimate + margin` (512 MiB and 2 GiB) and the compute screen,
+//!   which rejects `smact ≥ 0.80 ∧ (smocc ≥ 0.45 ∨ dram ≥ 0.40)` on the windows' risk
+//!   scores (unknown occupancy or bandwidth, on GPUs without GPM, counts as high).
+//!   Candidates are ordered most-free-memory, least-utilised, first-fit or best-fit. After
+//!   each dispatch the GPU settles for [`Policy::settle_s`] seconds, so the next decision sees
+//!   the new job's memory and load.
+//! - **ladle** (`ladle`): CARMA's rules with the least-utilised ordering (memory is already
+//!   screened with reservations, so the scarce thing left to balance is SM time), plus
+//!   - *reservations*: free memory is `min(observed, total − Σ estimates of admitted jobs)`,
+//!     so a job that has not allocated yet still counts;
+//!   - *per-job MPS memory limits*: each collocated job gets
+//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` of `max(estimate + margin, 1.5 × estimate)`
+//!     ([`Policy::limit_mib`]), so a runaway job crashes itself, not its neighbours (a job
+//!     placed exclusively gets no limit);
+//!   - *learned estimates*: a command's next estimate comes from its observed peak;
+//!   - *backfill*: when the head cannot start, later jobs may, but never on the GPUs the head
+//!     is waiting for (the ones with the most free memory, or for a job that needs exclusive
+//!     GPUs the least loaded), and at most [`Policy::max_bypass`] times per head, so the
+//!     head cannot starve;
+//!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
+//!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
+//!     the ordering.
+//!
+//! A job that crashed out of memory comes back flagged [`Pending::exclusive`]: it waits
+//! for idle GPUs under every policy.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::telemetry::{GpuInfo, GpuWindows, Risk};
+
+/// Most MPS clients one GPU takes (the limit of MPS on Volta and newer).
+pub const MAX_MPS_CLIENTS: u32 = 48;
+
+/// How candidate GPUs are ranked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum GpuOrdering {
+    /// The GPU with the most free memory first.
+    MostFreeMemory,
+    /// The GPU with the lowest SM activity risk first.
+    LeastUtilized,
+    /// The lowest-numbered GPU that passes the screens.
+    FirstFit,
+    /// The GPU whose free memory the job fills most tightly.
+    BestFit,
+}
+
+/// CARMA's compute screen: a GPU is rejected when its SM activity risk reaches
+/// `sm_activity` and its occupancy or DRAM bandwidth risk reaches theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ComputeScreen {
+    /// SM activity threshold (CARMA: 0.80).
+    pub sm_activity: f64,
+    /// SM occupancy threshold (CARMA: 0.45).
+    pub sm_occupancy: f64,
+    /// DRAM bandwidth threshold (CARMA: 0.40).
+    pub dram_bandwidth: f64,
+}
+
+impl ComputeScreen {
+    /// CARMA's thresholds.
+    pub const CARMA: Self = Self {
+        sm_activity: 0.80,
+        sm_occupancy: 0.45,
+        dram_bandwidth: 0.40,
+    };
+
+    /// Whether a GPU with these risk scores may take another job.
+    pub fn passes(&self, risk: &Risk) -> bool {
+        let busy = risk.sm_activity >= self.sm_activity;
+        let occupied = risk.sm_occupancy.unwrap_or(1.0) >= self.sm_occupancy;
+        let bandwidth = risk.dram_bandwidth.unwrap_or(1.0) >= self.dram_bandwidth;
+        !(busy && (occupied || bandwidth))
+    }
+}
+
+/// A named, configurable admission policy. Build one with [`Policy::named`] and adjust
+/// fields as needed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Policy {
+    /// The name it was made from.
+    pub name: String,
+    /// One job per GPU, never collocate (the baseline).
+    pub exclusive: bool,
+    /// Candidate ranking.
+    pub ordering: GpuOrdering,
+    /// Memory kept free on every GPU, MiB (CARMA: 512).
+    pub reserve_mib: u64,
+    /// Safety margin added to a job's estimate, MiB (CARMA: 2048).
+    pub margin_mib: u64,
+    /// The compute screen, if any.
+    pub compute: Option<ComputeScreen>,
+    /// Seconds a GPU takes no further job after a dispatch.
+    pub settle_s: f64,
+    /// Most jobs (MPS clients) per GPU.
+    pub max_clients: u32,
+    /// Start later jobs when the head is blocked.
+    pub backfill: bool,
+    /// Most jobs that may start past one blocked head.
+    pub max_bypass: u32,
+    /// Count admitted jobs' estimates against free memory.
+    pub reservations: bool,
+    /// Give each job an MPS pinned-memory limit equal to its estimate.
+    pub mps_limits: bool,
+    /// Use a command's observed peak as its next estimate.
+    pub learned_estimates: bool,
+    /// Keep consumers of one feed on the same GPUs.
+    pub feed_affinity: bool,
+}
+
+/// A policy name that does not exist.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// No policy has this name.
+    #[error("unknown policy {name:?}; known: {}", Policy::NAMES.join(", "))]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+}
+
+impl Policy {
+    /// Every policy name, baseline first.
+    pub const NAMES: [&'static str; 6] = [
+        "exclusive",
+        "carma-most-free",
+        "carma-least-util",
+        "carma-first-fit",
+        "carma-best-fit",
+        "ladle",
+    ];
+
+    /// Default settle lock after a dispatch, seconds.
+    pub const SETTLE_S: f64 = 20.0;
+
+    /// The policy called `name` (one of [`Policy::NAMES`]).
+    ///
+    /// # Errors
+    /// [`PolicyError::Unknown`] for any other name.
+    pub fn named(name: &str) -> Result<Self, PolicyError> {
+        Ok(match name {
+            "exclusive" => Self::exclusive(),
+            "carma-most-free" => Self::carma(GpuOrdering::MostFreeMemory),
+            "carma-least-util" => Self::carma(GpuOrdering::LeastUtilized),
+            "carma-first-fit" => Self::carma(GpuOrdering::FirstFit),
+            "carma-best-fit" => Self::carma(GpuOrdering::BestFit),
+            "ladle" => Self::ladle(),
+            _ => {
+                return Err(PolicyError::Unknown {
+                    name: name.to_owned(),
+                });
+            }
+        })
+    }
+
+    /// CARMA's rules with one of its orderings (`carma-most-free`, `carma-least-util`,
+    /// `carma-first-fit`, `carma-best-fit`).
+    pub fn carma(ordering: GpuOrdering) -> Self {
+        let name = match ordering {
+            GpuOrdering::MostFreeMemory => "carma-most-free",
+            GpuOrdering::LeastUtilized => "carma-least-util",
+            GpuOrdering::FirstFit => "carma-first-fit",
+            GpuOrdering::BestFit => "carma-best-fit",
+        };
+        Self {
+            name: name.to_owned(),
+            exclusive: false,
+            ordering,
+            reserve_mib: 512,
+            margin_mib: 2048,
+            compute: Some(ComputeScreen::CARMA),
+            settle_s: Self::SETTLE_S,
+            max_clients: MAX_MPS_CLIENTS,
+            backfill: false,
+            max_bypass: 0,
+            reservations: false,
+            mps_limits: false,
+            learned_estimates: false,
+            feed_affinity: false,
+        }
+    }
+
+    /// The MPS pinned-memory limit of a collocated job with this estimate, MiB:
+    /// `max(estimate + margin, 1.5 × estimate)`. It is a guard against a runaway job, not a
+    /// second estimate: a job may overshoot by the margin the memory screen kept free (or
+    /// by half, the factor of an out-of-memory retry) before its limit stops it, and only it.
+    pub fn limit_mib(&self, estimate_mib: u64) -> u64 {
+        estimate_mib
+            .saturating_add(self.margin_mib)
+            .max(estimate_mib.saturating_mul(3).div_ceil(2))
+    }
+
+    /// The baseline `exclusive`: FIFO, one job per GPU.
+    pub fn exclusive() -> Self {
+        Self {
+            name: "exclusive".to_owned(),
+            exclusive: true,
+            compute: None,
+            settle_s: 0.0,
+            max_clients: 1,
+            ..Self::carma(GpuOrdering::FirstFit)
+        }
+    }
+
+    /// `ladle`: CARMA least-utilised plus backfill, reservations, per-job MPS limits,
+    /// learned estimates and feed affinity.
+    pub fn ladle() -> Self {
+        Self {
+            name: "ladle".to_owned(),
+            backfill: true,
+            max_bypass: 16,
+            reservations: true,
+            mps_limits: true,
+            learned_estimates: true,
+            feed_affinity: true,
+            ..Self::carma(GpuOrdering::LeastUtilized)
+        }
+    }
+}
+
+/// One GPU as admission sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GpuState {
+    /// Total memory, MiB.
+    pub total_mib: u64,
+    /// Memory in use by telemetry's latest sample, MiB.
+    pub used_mib: u64,
+    /// Σ estimates of the scheduler's jobs on this GPU, MiB.
+    pub reserved_mib: u64,
+    /// The scheduler's jobs on this GPU.
+    pub jobs: u32,
+    /// Whether one of them holds the GPU exclusively.
+    pub exclusive_job: bool,
+    /// Risk scores of the telemetry windows.
+    pub risk: Risk,
+    /// Settling until this time (seconds on the caller's clock).
+    pub locked_until: f64,
+    /// Feeds of the jobs on this GPU.
+    pub feeds: Vec<String>,
+    /// False for a GPU that must not take jobs (see `GpuInfo::unsuitable`).
+    pub unusable: bool,
+}
+
+impl GpuState {
+    /// A GPU as its telemetry windows show it, before the scheduler's own jobs are counted
+    /// (`jobs`, `reserved_mib`, `exclusive_job`, `feeds`) and with no settle lock.
+    pub fn observed(info: &GpuInfo, windows: &GpuWindows) -> Self {
+        Self {
+            total_mib: info.memory_total_mib,
+            used_mib: windows.last.as_ref().map_or(0, |s| s.memory_used_mib),
+            risk: windows.risk(),
+            locked_until: f64::NEG_INFINITY,
+            unusable: !info.unsuitable.is_empty(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A queued job as admission sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Pending {
+    /// Job id.
+    pub id: u64,
+    /// Device memory it will need per GPU, MiB.
+    pub estimate_mib: u64,
+    /// GPUs it needs.
+    pub gpus: u32,
+    /// It must run alone (an out-of-memory retry).
+    pub exclusive: bool,
+    /// The producer feed it consumes, if any.
+    pub feed: Option<String>,
+}
+
+/// A decision: start `job` on `gpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Job id.
+    pub job: u64,
+    /// GPU indices.
+    pub gpus: Vec<usize>,
+    /// Nobody may join it on these GPUs.
+    pub exclusive: bool,
+    /// MPS pinned-memory limit per GPU, MiB, when the policy sets one.
+    pub mem_limit_mib: Option<u64>,
+}
+
+/// The admission engine: a policy and the little state it keeps between rounds (how often
+/// the current head has been passed by backfill).
+#[derive(Debug, Clone)]
+pub struct Admission {
+    policy: Policy,
+    head: Option<(u64, u32)>,
+}
+
+impl Admission {
+    /// An engine for `policy`.
+    pub fn new(policy: Policy) -> Self {
+        Self { policy, head: None }
+    }
+
+    /// Its policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Decides which jobs of `queue` (head first) start now, and updates `gpus` as if they
+    /// had started (jobs, reservations, settle locks, feeds).
+    pub fn admit(&mut self, now: f64, queue: &[Pending], gpus: &mut [GpuState]) -> Vec<Placement> {
+        let mut placed = Vec::new();
+        let mut blocked: Option<(u64, BTreeSet<usize>)> = None;
+        for job in queue {
+            if let Some((head, _)) = &blocked {
+                let passed = match self.head {
+                    Some((id, n)) if id == *head => n,
+                    _ => 0,
+                };
+                if !self.policy.backfill || passed >= self.policy.max_bypass {
+                    break;
+                }
+            }
+            let avoid = blocked.as_ref().map(|(_, set)| set);
+            match self.place(now, job, gpus, avoid) {
+                Some(placement) => {
+                    self.apply(now, job, &placement, gpus);
+                    if let Some((head, _)) = &blocked {
+                        self.head = match self.head {
+                            Some((id, n)) if id == *head => Some((id, n + 1)),
+                            _ => Some((*head, 1)),
+                        };
+                    }
+                    placed.push(placement);
+                }
+                None if blocked.is_none() => {
+                    blocked = Some((job.id, self.held_for(job, gpus)));
+                }
+                None => {}
+            }
+        }
+        if blocked.is_none() {
+            self.head = None;
+        }
+        placed
+    }
+
+    /// Free memory admission believes GPU `g` has, MiB.
+    fn free_mib(&self, g: &GpuState) -> u64 {
+        let observed = g.total_mib.saturating_sub(g.used_mib);
+        if self.policy.reservations {
+            observed.min(g.total_mib.saturating_sub(g.reserved_mib))
+        } else {
+            observed
+        }
+    }
+
+    fn needs_exclusive(&self, job: &Pending) -> bool {
+        self.policy.exclusive || job.exclusive
+    }
+
+    /// The GPUs a blocked head is waiting for, which backfill must leave alone.
+    fn held_for(&self, job: &Pending, gpus: &[GpuState]) -> BTreeSet<usize> {
+        let mut order: Vec<usize> = (0..gpus.len()).filter(|&i| !gpus[i].unusable).collect();
+        if self.needs_exclusive(job) {
+            order.sort_by_key(|&i| (gpus[i].jobs, std::cmp::Reverse(self.free_mib(&gpus[i]))));
+        } else {
+            order.sort_by_key(|&i| std::cmp::Reverse(self.free_mib(&gpus[i])));
+        }
+        order.into_iter().take(job.gpus as usize).collect()
+    }
+
+    fn place(
+        &self,
+        now: f64,
+        job: &Pending,
+        gpus: &[GpuState],
+        avoid: Option<&BTreeSet<usize>>,
+    ) -> Option<Placement> {
+        let want = job.gpus.max(1) as usize;
+        let open = |i: usize| {
+            let g = &gpus[i];
+            !g.unusable
+                && !g.exclusive_job
+                && g.jobs < self.policy.max_clients
+                && avoid.is_none_or(|a| !a.contains(&i))
+        };
+        let mut idle: Vec<usize> = (0..gpus.len())
+            .filter(|&i| open(i) && gpus[i].jobs == 0)
+            .collect();
+        self.rank(job, gpus, &mut idle);
+        let exclusive = self.needs_exclusive(job);
+        let mut chosen: Vec<usize> = Vec::new();
+        // Feed affinity comes before the idle-GPU rule: a consumer joins its feed's GPUs
+        // when they pass the screens, even if another GPU is idle.
+        if let (true, false, Some(feed)) = (self.policy.feed_affinity, exclusive, &job.feed) {
+            let mut mates: Vec<usize> = (0..gpus.len())
+                .filter(|&i| {
+                    open(i)
+                        && gpus[i].feeds.iter().any(|f| f == feed)
+                        && self.screens_pass(now, job, &gpus[i])
+                })
+                .collect();
+            self.rank(job, gpus, &mut mates);
+            chosen.extend(mates.into_iter().take(want));
+        }
+        let missing = want - chosen.len();
+        chosen.extend(
+            idle.into_iter()
+                .filter(|i| !chosen.contains(i))
+                .take(missing)
+                .collect::<Vec<_>>(),
+        );
+        if chosen.len() < want && !exclusive {
+            let mut shared: Vec<usize> = (0..gpus.len())
+                .filter(|&i| open(i) && gpus[i].jobs > 0 && self.screens_pass(now, job, &gpus[i]))
+                .collect();
+            self.rank(job, gpus, &mut shared);
+            shared.retain(|i| !chosen.contains(i));
+            chosen.extend(shared.into_iter().take(want - chosen.len()));
+        }
+        if chosen.len() < want {
+            return None;
+        }
+        chosen.sort_unstable();
+        Some(Placement {
+            job: job.id,
+            gpus: chosen,
+            exclusive,
+            // A job alone on its GPUs may use all of them: that is how an out-of-memory
+            // retry shows its true peak.
+            mem_limit_mib: (self.policy.mps_limits && !exclusive)
+                .then(|| self.policy.limit_mib(job.estimate_mib)),
+        })
+    }
+
+    fn screens_pass(&self, now: f64, job: &Pending, g: &GpuState) -> bool {
+        if now < g.locked_until {
+            return false;
+        }
+        let needed = job.estimate_mib + self.policy.margin_mib;
+        if self.free_mib(g).saturating_sub(self.policy.reserve_mib) < needed {
+            return false;
+        }
+        self.policy
+            .compute
+            .is_none_or(|screen| screen.passes(&g.risk))
+    }
+
+    /// Orders candidate GPUs: feed affinity first (when on), then the policy's ordering,
+    /// then index.
+    fn rank(&self, job: &Pending, gpus: &[GpuState], candidates: &mut [usize]) {
+        let affinity = |i: usize| match (&job.feed, self.policy.feed_affinity) {
+            (Some(feed), true) => !gpus[i].feeds.iter().any(|f| f == feed),
+            _ => false,
+        };
+        let key = |i: usize| -> f64 {
+            let g = &gpus[i];
+            let free = self.free_mib(g) as f64;
+            match self.policy.ordering {
+                GpuOrdering::MostFreeMemory => -free,
+                GpuOrdering::LeastUtilized => g.risk.sm_activity,
+                GpuOrdering::FirstFit => 0.0,
+                GpuOrdering::BestFit => free,
+            }
+        };
+        candidates.sort_by(|&a, &b| {
+            affinity(a)
+                .cmp(&affinity(b))
+                .then(key(a).total_cmp(&key(b)))
+                .then(a.cmp(&b))
+        });
+    }
+
+    fn apply(&self, now: f64, job: &Pending, placement: &Placement, gpus: &mut [GpuState]) {
+        for &i in &placement.gpus {
+            let g = &mut gpus[i];
+            g.jobs += 1;
+            g.reserved_mib += job.estimate_mib;
+            g.exclusive_job |= placement.exclusive;
+            g.locked_until = g.locked_until.max(now + self.policy.settle_s);
+            if let Some(feed) = &job.feed {
+                g.feeds.push(feed.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1024;
+
+    fn gpus(n: usize) -> Vec<GpuState> {
+        vec![
+            GpuState {
+                total_mib: 40 * GIB,
+                ..GpuState::default()
+            };
+            n
+        ]
+    }
+
+    fn job(id: u64, gib: u64) -> Pending {
+        Pending {
+            id,
+            estimate_mib: gib * GIB,
+            gpus: 1,
+            ..Pending::default()
+        }
+    }
+
+    fn busy(g: &mut GpuState, used_gib: u64, smact: f64) {
+        g.jobs += 1;
+        g.used_mib += used_gib * GIB;
+        g.reserved_mib += used_gib * GIB;
+        g.risk = Risk {
+            utilization: smact,
+            sm_activity: smact,
+            sm_occupancy: Some(smact * 0.5),
+            dram_bandwidth: Some(smact * 0.45),
+        };
+    }
+
+    fn admit(name: &str, queue: &[Pending], gpus: &mut [GpuState]) -> Vec<Placement> {
+        Admission::new(Policy::named(name).unwrap()).admit(100.0, queue, gpus)
+    }
+
+    #[test]
+    fn every_named_policy_exists_and_unknown_names_are_errors() {
+        for name in Policy::NAMES {
+            assert_eq!(Policy::named(name).unwrap().name, name);
+        }
+        assert!(matches!(
+            Policy::named("fastest"),
+            Err(PolicyError::Unknown { .. })
+        ));
+    }
+
+    #[test]
+    fn the_exclusive_baseline_runs_one_job_per_gpu_in_fifo_order() {
+        let mut g = gpus(2);
+        let queue = [job(1, 1), job(2, 1), job(3, 1)];
+        let placed = admit("exclusive", &queue, &mut g);
+        assert_eq!(placed.len(), 2);
+        assert_eq!((placed[0].job, &placed[0].gpus), (1, &vec![0]));
+        assert_eq!((placed[1].job, &placed[1].gpus), (2, &vec![1]));
+        assert!(admit("exclusive", &queue[2..], &mut g).is_empty());
+    }
+
+    #[test]
+    fn carma_takes_an_idle_gpu_before_collocating() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 4, 0.3);
+        let placed = admit("carma-most-free", &[job(1, 1)], &mut g);
+        assert_eq!(placed[0].gpus, vec![1]);
+        assert!(!placed[0].exclusive);
+    }
+
+    #[test]
+    fn the_memory_screen_keeps_reserve_and_margin() {
+        // 40 GiB − 20 GiB used = 20 GiB free; minus 0.5 GiB reserve = 19.5 GiB.
+        for (estimate_mib, fits) in [(17 * GIB + 512, true), (17 * GIB + 513, false)] {
+            let mut g = gpus(1);
+            busy(&mut g[0], 20, 0.2);
+            let queue = [Pending {
+                estimate_mib,
+                ..job(1, 0)
+            }];
+            assert_eq!(!admit("carma-first-fit", &queue, &mut g).is_empty(), fits);
+        }
+    }
+
+    #[test]
+    fn the_compute_screen_rejects_a_saturated_gpu() {
+        let mut g = gpus(1);
+        busy(&mut g[0], 1, 0.95);
+        assert!(admit("carma-most-free", &[job(1, 1)], &mut g).is_empty());
+        let mut g = gpus(1);
+        busy(&mut g[0], 1, 0.85); // smocc 0.425, dram 0.38: below both
+        assert_eq!(admit("carma-most-free", &[job(1, 1)], &mut g).len(), 1);
+    }
+
+    #[test]
+    fn unknown_occupancy_counts_as_high_on_gpus_without_gpm() {
+        let risk = Risk {
+            sm_activity: 0.85,
+            ..Risk::default()
+        };
+        assert!(!ComputeScreen::CARMA.passes(&risk));
+        let risk = Risk {
+            sm_activity: 0.5,
+            ..Risk::default()
+        };
+        assert!(ComputeScreen::CARMA.passes(&risk));
+    }
+
+    #[test]
+    fn orderings_pick_different_gpus() {
+        let mut base = gpus(3);
+        busy(&mut base[0], 10, 0.5);
+        busy(&mut base[1], 30, 0.1);
+        busy(&mut base[2], 20, 0.3);
+        let pick = |name: &str| admit(name, &[job(1, 1)], &mut base.clone())[0].gpus[0];
+        assert_eq!(pick("carma-most-free"), 0);
+        assert_eq!(pick("carma-least-util"), 1);
+        assert_eq!(pick("carma-first-fit"), 0);
+        assert_eq!(pick("carma-best-fit"), 1);
+    }
+
+    #[test]
+    fn a_dispatched_gpu_settles_before_taking_another_job() {
+        let mut g = gpus(1);
+        busy(&mut g[0], 1, 0.1);
+        let mut engine = Admission::new(Policy::named("carma-first-fit").unwrap());
+        assert_eq!(engine.admit(0.0, &[job(1, 1), job(2, 1)], &mut g).len(), 1);
+        assert!(
+            engine
+                .admit(Policy::SETTLE_S - 1.0, &[job(2, 1)], &mut g)
+                .is_empty()
+        );
+        assert_eq!(
+            engine.admit(Policy::SETTLE_S, &[job(2, 1)], &mut g).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn no_gpu_takes_more_than_48_clients() {
+        let mut g = gpus(1);
+        busy(&mut g[0], 0, 0.0);
+        g[0].jobs = MAX_MPS_CLIENTS;
+        assert!(admit("ladle", &[job(1, 0)], &mut g).is_empty());
+        g[0].jobs = MAX_MPS_CLIENTS - 1;
+        assert_eq!(admit("ladle", &[job(1, 0)], &mut g).len(), 1);
+    }
+
+    #[test]
+    fn carma_does_not_pass_a_blocked_head_but_ladle_backfills_elsewhere() {
+        // GPU 0 is nearly full, GPU 1 half full; a 25 GiB head fits nowhere yet.
+        let mut base = gpus(2);
+        busy(&mut base[0], 30, 0.2);
+        busy(&mut base[1], 20, 0.2);
+        let queue = [job(1, 25), job(2, 2)];
+        assert!(admit("carma-most-free", &queue, &mut base.clone()).is_empty());
+        let placed = admit("ladle", &queue, &mut base.clone());
+        assert_eq!(placed.len(), 1);
+        assert_eq!(placed[0].job, 2);
+        // Not on GPU 1, which has the most free memory: the head is waiting for it.
+        assert_eq!(placed[0].gpus, vec![0]);
+    }
+
+    #[test]
+    fn backfill_stops_after_the_bypass_limit() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 1, 0.1);
+        busy(&mut g[1], 1, 0.1);
+        let mut policy = Policy::named("ladle").unwrap();
+        policy.settle_s = 0.0;
+        policy.max_bypass = 2;
+        let mut engine = Admission::new(policy);
+        let head = Pending {
+            gpus: 2,
+            exclusive: true,
+            ..job(1, 1)
+        };
+        let queue = [head, job(2, 0), job(3, 0), job(4, 0)];
+        let placed = engine.admit(0.0, &queue, &mut g);
+        assert!(placed.is_empty());
+        // An exclusive two-GPU head holds both GPUs: nothing may pass it here.
+        let mut g = gpus(3);
+        for gpu in &mut g {
+            busy(gpu, 1, 0.1);
+        }
+        let head = Pending {
+            exclusive: true,
+            ..job(1, 1)
+        };
+        let queue = [head, job(2, 0), job(3, 0), job(4, 0)];
+        let placed = engine.admit(0.0, &queue, &mut g);
+        assert_eq!(placed.iter().map(|p| p.job).collect::<Vec<_>>(), vec![2, 3]);
+        let placed = engine.admit(
+            1.0,
+            &queue[..1]
+                .iter()
+                .chain(&queue[3..])
+                .cloned()
+                .collect::<Vec<_>>(),
+            &mut g,
+        );
+        assert!(placed.is_empty(), "third bypass refused");
+    }
+
+    #[test]
+    fn reservations_count_jobs_that_have_not_allocated_yet() {
+        let mut g = gpus(1);
+        g[0].jobs = 1;
+        g[0].reserved_mib = 30 * GIB; // admitted, telemetry still shows nothing
+        let queue = [job(1, 10)];
+        assert_eq!(admit("carma-most-free", &queue, &mut g.clone()).len(), 1);
+        assert!(admit("ladle", &queue, &mut g).is_empty());
+    }
+
+    #[test]
+    fn ladle_gives_each_job_an_mps_limit_with_headroom_over_its_estimate() {
+        let placed = admit("ladle", &[job(1, 6)], &mut gpus(1));
+        assert_eq!(placed[0].mem_limit_mib, Some(9 * GIB), "1.5 × 6 GiB");
+        let placed = admit("ladle", &[job(2, 2)], &mut gpus(1));
+        assert_eq!(
+            placed[0].mem_limit_mib,
+            Some(4 * GIB),
+            "2 GiB + the 2 GiB margin"
+        );
+        let placed = admit("carma-most-free", &[job(1, 6)], &mut gpus(1));
+        assert_eq!(placed[0].mem_limit_mib, None);
+    }
+
+    #[test]
+    fn consumers_of_one_feed_are_placed_together() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 10, 0.1);
+        busy(&mut g[1], 5, 0.1);
+        g[0].feeds.push("imagenet".to_owned());
+        let queue = [Pending {
+            feed: Some("imagenet".to_owned()),
+            ..job(1, 1)
+        }];
+        assert_eq!(admit("ladle", &queue, &mut g.clone())[0].gpus, vec![0]);
+        assert_eq!(admit("carma-most-free", &queue, &mut g)[0].gpus, vec![1]);
+    }
+
+    #[test]
+    fn a_consumer_joins_its_feed_rather_than_an_idle_gpu_while_the_screens_allow() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 10, 0.3);
+        g[0].feeds.push("imagenet".to_owned());
+        let consumer = Pending {
+            feed: Some("imagenet".to_owned()),
+            ..job(1, 1)
+        };
+        assert_eq!(
+            admit("ladle", std::slice::from_ref(&consumer), &mut g.clone())[0].gpus,
+            vec![0]
+        );
+        // Without affinity the idle GPU goes first.
+        assert_eq!(
+            admit(
+                "carma-least-util",
+                std::slice::from_ref(&consumer),
+                &mut g.clone()
+            )[0]
+            .gpus,
+            vec![1]
+        );
+        // A saturated feed GPU fails the compute screen: the idle GPU is taken instead.
+        busy(&mut g[0], 0, 0.95);
+        assert_eq!(admit("ladle", &[consumer], &mut g)[0].gpus, vec![1]);
+    }
+
+    #[test]
+    fn an_out_of_memory_retry_waits_for_an_idle_gpu() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 1, 0.1);
+        let retry = Pending {
+            exclusive: true,
+            ..job(1, 4)
+        };
+        let placed = admit("ladle", &[retry.clone(), job(2, 1)], &mut g);
+        assert_eq!(placed[0].gpus, vec![1]);
+        assert!(placed[0].exclusive);
+        // Nobody joins it, even with room to spare.
+        assert_eq!(placed[1].gpus, vec![0]);
+        busy(&mut g[1], 0, 0.0);
+        assert!(admit("ladle", &[retry], &mut g).is_empty());
+    }
+
+    #[test]
+    fn a_two_gpu_job_needs_two_gpus() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 39, 0.1);
+        let wide = Pending {
+            gpus: 2,
+            ..job(1, 4)
+        };
+        assert!(admit("carma-most-free", std::slice::from_ref(&wide), &mut g).is_empty());
+        let placed = admit("carma-most-free", &[wide], &mut gpus(2));
+        assert_eq!(placed[0].gpus, vec![0, 1]);
+    }
+
+    #[test]
+    fn unusable_gpus_take_no_jobs() {
+        let mut g = gpus(1);
+        g[0].unusable = true;
+        assert!(admit("exclusive", &[job(1, 1)], &mut g).is_empty());
+    }
+}

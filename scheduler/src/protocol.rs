@@ -1,0 +1,291 @@
+//! The daemon's socket protocol: one request per connection, each a single line of JSON
+//! (at most [`MAX_FRAME`] bytes) carrying the protocol version, answered by one line of
+//! JSON. Anything else (garbage, a wrong version, an oversize line, a slow client) gets an
+//! [`Response::Error`] and the connection is closed; the daemon carries on.
+//!
+//! ```text
+//! → {"v":1,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
+//! ← {"v":1,"status":"submitted","id":7,"estimate_mib":6144}
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{JobId, JobSpec, JobState};
+use crate::telemetry::GpuInfo;
+
+/// Protocol version; a request with another is refused.
+pub const VERSION: u32 = 1;
+
+/// Longest request or response line, bytes.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// What a client asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Request {
+    /// Queue a job.
+    Submit(JobSpec),
+    /// List jobs and GPUs.
+    Queue,
+    /// Cancel a queued or running job.
+    Cancel {
+        /// Job id.
+        id: JobId,
+    },
+    /// Where a job's logs are, and their tails.
+    Logs {
+        /// Job id.
+        id: JobId,
+    },
+}
+
+/// One job as `ladle queue` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// Job id.
+    pub id: JobId,
+    /// What was asked.
+    pub spec: JobSpec,
+    /// Where it stands.
+    #[serde(flatten)]
+    pub state: JobState,
+    /// Current memory estimate per GPU, MiB.
+    pub estimate_mib: u64,
+    /// Whether it must run alone (out-of-memory retry).
+    pub exclusive: bool,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Out-of-memory retries so far.
+    pub oom_retries: u32,
+    /// Highest device memory observed per GPU, MiB.
+    pub peak_mib: Option<u64>,
+    /// Submission time, Unix seconds.
+    pub submitted_at: f64,
+}
+
+/// One GPU as `ladle queue` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// The GPU.
+    #[serde(flatten)]
+    pub info: GpuInfo,
+    /// Memory in use by the latest sample, MiB.
+    pub memory_used_mib: u64,
+    /// SM activity risk score.
+    pub sm_activity_risk: f64,
+    /// The scheduler's jobs on it.
+    pub jobs: u32,
+}
+
+/// One attempt's log files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptLogs {
+    /// Attempt number.
+    pub attempt: u32,
+    /// Its stdout file.
+    pub stdout_path: PathBuf,
+    /// Its stderr file.
+    pub stderr_path: PathBuf,
+    /// The last [`LOG_TAIL`] bytes of stdout.
+    pub stdout: String,
+    /// The last [`LOG_TAIL`] bytes of stderr.
+    pub stderr: String,
+}
+
+/// How much of each log `logs` returns, bytes.
+pub const LOG_TAIL: usize = 64 * 1024;
+
+/// What the daemon answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Response {
+    /// The job is queued (and journaled).
+    Submitted {
+        /// Its id.
+        id: JobId,
+        /// The estimate it will be admitted with, MiB.
+        estimate_mib: u64,
+    },
+    /// Jobs and GPUs.
+    Queue {
+        /// Admission policy.
+        policy: String,
+        /// Every job, oldest first.
+        jobs: Vec<JobView>,
+        /// Every GPU.
+        gpus: Vec<GpuView>,
+    },
+    /// The job is cancelled (queued) or being stopped (running).
+    Cancelled {
+        /// Job id.
+        id: JobId,
+    },
+    /// A job's logs.
+    Logs {
+        /// Job id.
+        id: JobId,
+        /// One entry per attempt.
+        attempts: Vec<AttemptLogs>,
+    },
+    /// The request failed.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Frame<T> {
+    v: u32,
+    #[serde(flatten)]
+    body: T,
+}
+
+/// A request or response that could not be exchanged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// Connecting, reading or writing failed.
+    #[error("scheduler socket {path}: {source} (is `ladle scheduler` running?)")]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The line is not a frame of this protocol.
+    #[error("bad frame: {0}")]
+    BadFrame(String),
+    /// The line is longer than [`MAX_FRAME`].
+    #[error("frame longer than {MAX_FRAME} bytes")]
+    Oversize,
+    /// The peer speaks another version.
+    #[error("protocol version {0}, expected {VERSION}")]
+    Version(u32),
+    /// The connection closed before a full line.
+    #[error("connection closed before a complete frame")]
+    Closed,
+}
+
+/// Reads one frame (a line) of at most [`MAX_FRAME`] bytes.
+///
+/// # Errors
+/// [`ProtocolError`] for I/O failures, oversize or malformed frames and wrong versions.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(
+    reader: impl Read,
+    path: &Path,
+) -> Result<T, ProtocolError> {
+    let mut line = Vec::new();
+    BufReader::new(reader.take(MAX_FRAME as u64 + 1))
+        .read_until(b'\n', &mut line)
+        .map_err(|source| ProtocolError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+    if line.len() > MAX_FRAME {
+        return Err(ProtocolError::Oversize);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(ProtocolError::Closed);
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(&line).map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
+    match value.get("v").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(VERSION) => {}
+        Some(v) => return Err(ProtocolError::Version(v.min(u64::from(u32::MAX)) as u32)),
+        None => return Err(ProtocolError::BadFrame("no version field `v`".to_owned())),
+    }
+    let frame: Frame<T> =
+        serde_json::from_value(value).map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
+    Ok(frame.body)
+}
+
+/// Writes one frame.
+///
+/// # Errors
+/// [`ProtocolError::Io`].
+pub fn write_frame<T: Serialize>(
+    mut writer: impl Write,
+    body: &T,
+    path: &Path,
+) -> Result<(), ProtocolError> {
+    let mut line = serde_json::to_vec(&Frame { v: VERSION, body })
+        .map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
+    line.push(b'\n');
+    writer
+        .write_all(&line)
+        .and_then(|()| writer.flush())
+        .map_err(|source| ProtocolError::Io {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Sends one request to the daemon at `socket` and waits (at most `timeout`) for its answer.
+///
+/// # Errors
+/// [`ProtocolError`] when the daemon cannot be reached or answers nonsense.
+pub fn request(
+    socket: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Response, ProtocolError> {
+    let io = |source| ProtocolError::Io {
+        path: socket.to_owned(),
+        source,
+    };
+    let stream = UnixStream::connect(socket).map_err(io)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    write_frame(&stream, request, socket)?;
+    read_frame(&stream, socket)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_with_their_version() {
+        let req = Request::Cancel { id: 3 };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &req, Path::new("x")).unwrap();
+        assert_eq!(buf, b"{\"v\":1,\"op\":\"cancel\",\"id\":3}\n");
+        let back: Request = read_frame(&buf[..], Path::new("x")).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[test]
+    fn garbage_wrong_versions_and_oversize_lines_are_errors() {
+        let p = Path::new("x");
+        assert!(matches!(
+            read_frame::<Request>(&b"\x00\xffhello\n"[..], p),
+            Err(ProtocolError::BadFrame(_))
+        ));
+        assert!(matches!(
+            read_frame::<Request>(&b"{\"v\":2,\"op\":\"queue\"}\n"[..], p),
+            Err(ProtocolError::Version(2))
+        ));
+        assert!(matches!(
+            read_frame::<Request>(&b"{\"v\":1,\"op\":\"explode\"}\n"[..], p),
+            Err(ProtocolError::BadFrame(_))
+        ));
+        assert!(matches!(
+            read_frame::<Request>(&b"{\"v\":1,\"op\":\"queue\"}"[..], p),
+            Err(ProtocolError::Closed)
+        ));
+        let big = vec![b' '; MAX_FRAME + 10];
+        assert!(matches!(
+            read_frame::<Request>(&big[..], p),
+            Err(ProtocolError::Oversize)
+        ));
+    }
+}

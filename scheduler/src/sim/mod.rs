@@ -1,0 +1,617 @@
+//! The trace simulator: a deterministic discrete-event replay of a trace on N simulated
+//! GPUs, admitting jobs with the same [`Admission`] engine the daemon uses.
+//!
+//! ## Model
+//! - **Events**: arrivals, completions, out-of-memory crashes, and a telemetry tick every
+//!   second (the daemon's 1 Hz) that samples the simulated GPUs into 30-sample windows.
+//!   Admission runs after every event, as the daemon's loop does after a submit, a job's
+//!   end, or a tick.
+//! - **Interference**: on a GPU whose jobs' summed SM demand is `D` with `n` jobs, each job
+//!   progresses at `1 / (max(1, D) · (1 + c·(n − 1)))` of its solo speed: jobs share the SMs
+//!   fairly once they oversubscribe them, and every co-runner costs [`SimConfig::contention`]
+//!   (5 % by default) for MPS context switching, cache and memory-bandwidth contention. A
+//!   multi-GPU job moves at the pace of its slowest GPU.
+//! - **Memory**: a job holds its trace `mem_mib` on each of its GPUs from start to end. A job
+//!   that starts on a GPU whose summed memory then exceeds the GPU's, or whose memory
+//!   exceeds its own MPS limit, crashes out of memory [`SimConfig::oom_after_s`] seconds later
+//!   (10 s: the framework's first allocations), releasing its GPUs. It goes back to the head
+//!   of the queue, exclusive, with its estimate raised to `max(1.5 × estimate, 1.1 × observed
+//!   peak)` (the peak only with learned estimates), at most [`SimConfig::max_oom_retries`]
+//!   times; then it counts as failed.
+//! - **Estimates**: a job's estimate is `estimate_scale × mem_mib` (1.0: honest).
+//! - **Power**: each GPU draws `idle_w + (max_w − idle_w) · min(1, D)`; defaults 60 W idle and
+//!   400 W at full load, an A100-SXM4-40GB's idle draw and TDP. All GPUs count from the first
+//!   arrival to the last completion.
+//!
+//! ## Metrics
+//! `makespan_s` (first arrival to last completion), `mean_jct_s` (completion − arrival,
+//! over completed jobs), `mean_gpu_util` (time-average of `min(1, D)` over GPUs),
+//! `oom_crashes`, `energy_kwh`, `failed_jobs`.
+
+pub mod generate;
+pub mod trace;
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{Admission, GpuState, Pending, Placement, Policy};
+use crate::telemetry::{GpuWindows, SimGpus, SimLoad, Telemetry};
+
+use self::trace::TraceJob;
+
+/// The simulated machine and the model's constants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// GPUs.
+    pub gpus: usize,
+    /// Memory per GPU, MiB.
+    pub gpu_mem_mib: u64,
+    /// Estimate = `estimate_scale × mem_mib` (1.0: honest estimates).
+    pub estimate_scale: f64,
+    /// Slowdown per co-runner.
+    pub contention: f64,
+    /// Seconds from start to an out-of-memory crash.
+    pub oom_after_s: f64,
+    /// Out-of-memory retries before a job counts as failed.
+    pub max_oom_retries: u32,
+    /// Power of an idle GPU, W.
+    pub idle_w: f64,
+    /// Power of a fully busy GPU, W.
+    pub max_w: f64,
+    /// Telemetry period, s.
+    pub tick_s: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            gpus: 3,
+            gpu_mem_mib: 40 * 1024,
+            estimate_scale: 1.0,
+            contention: 0.05,
+            oom_after_s: 10.0,
+            max_oom_retries: 3,
+            idle_w: 60.0,
+            max_w: 400.0,
+            tick_s: 1.0,
+        }
+    }
+}
+
+/// One policy's results on one trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimReport {
+    /// First arrival to last completion, s.
+    pub makespan_s: f64,
+    /// Mean of completion − arrival over completed jobs, s.
+    pub mean_jct_s: f64,
+    /// Time-averaged GPU utilisation, 0 – 1.
+    pub mean_gpu_util: f64,
+    /// Out-of-memory crashes.
+    pub oom_crashes: u32,
+    /// Energy of all GPUs over the makespan, kWh.
+    pub energy_kwh: f64,
+    /// Jobs that ran out of retries.
+    pub failed_jobs: u32,
+    /// Jobs in the trace.
+    pub jobs: usize,
+}
+
+/// What happened to one job of the trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobOutcome {
+    /// Name from the trace.
+    pub id: String,
+    /// Arrival, s.
+    pub submit_s: f64,
+    /// Start of its last attempt, s.
+    pub start_s: Option<f64>,
+    /// Completion, s (`None`: failed).
+    pub finish_s: Option<f64>,
+    /// GPUs of its last attempt.
+    pub gpus: Vec<usize>,
+    /// Out-of-memory crashes it had.
+    pub oom_crashes: u32,
+}
+
+/// A trace the simulator cannot replay.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// A job needs more GPUs than the machine has.
+    #[error("job {job} needs {needs} GPUs; the simulated machine has {have}")]
+    TooWide {
+        /// Job id.
+        job: String,
+        /// GPUs it needs.
+        needs: u32,
+        /// GPUs there are.
+        have: usize,
+    },
+    /// No GPUs, or GPUs without memory.
+    #[error("the simulated machine needs at least one GPU with memory")]
+    NoGpus,
+    /// Queued jobs that can never start (a bug in a policy, reported rather than looped on).
+    #[error("{queued} jobs can never start under policy {policy}")]
+    Stalled {
+        /// Policy name.
+        policy: String,
+        /// Jobs left in the queue.
+        queued: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Queued {
+    job: usize,
+    estimate_mib: u64,
+    exclusive: bool,
+    crashes: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Running {
+    queued: Queued,
+    gpus: Vec<usize>,
+    /// Solo-speed seconds of work left.
+    remaining: f64,
+    crash_at: Option<f64>,
+    limit_mib: Option<u64>,
+}
+
+const EPS: f64 = 1e-9;
+
+/// Replays `trace` under `policy`.
+///
+/// # Errors
+/// [`SimError`] for a trace the machine cannot run.
+pub fn simulate(
+    trace: &[TraceJob],
+    policy: Policy,
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    simulate_jobs(trace, policy, config).map(|(report, _)| report)
+}
+
+/// [`simulate`], also returning what happened to each job (in trace order).
+///
+/// # Errors
+/// [`SimError`] for a trace the machine cannot run.
+pub fn simulate_jobs(
+    trace: &[TraceJob],
+    policy: Policy,
+    config: &SimConfig,
+) -> Result<(SimReport, Vec<JobOutcome>), SimError> {
+    if config.gpus == 0 || config.gpu_mem_mib == 0 {
+        return Err(SimError::NoGpus);
+    }
+    if let Some(j) = trace.iter().find(|j| j.gpus as usize > config.gpus) {
+        return Err(SimError::TooWide {
+            job: j.id.clone(),
+            needs: j.gpus,
+            have: config.gpus,
+        });
+    }
+    let policy_name = policy.name.clone();
+    let learned = policy.learned_estimates;
+    let mut engine = Admission::new(policy);
+    let mut order: Vec<usize> = (0..trace.len()).collect();
+    order.sort_by(|&a, &b| trace[a].submit_s.total_cmp(&trace[b].submit_s));
+    let mut arrivals: VecDeque<usize> = order.into();
+    let start = arrivals.front().map_or(0.0, |&j| trace[j].submit_s);
+    let mut t = start;
+    let mut next_tick = start;
+    let mut sim = SimGpus::new(config.gpus, config.gpu_mem_mib);
+    let mut windows = vec![GpuWindows::default(); config.gpus];
+    let mut locked_until = vec![f64::NEG_INFINITY; config.gpus];
+    let mut queue: VecDeque<Queued> = VecDeque::new();
+    let mut running: Vec<Running> = Vec::new();
+    let mut finished_at: Vec<Option<f64>> = vec![None; trace.len()];
+    let mut outcomes: Vec<JobOutcome> = trace
+        .iter()
+        .map(|j| JobOutcome {
+            id: j.id.clone(),
+            submit_s: j.submit_s,
+            start_s: None,
+            finish_s: None,
+            gpus: Vec::new(),
+            oom_crashes: 0,
+        })
+        .collect();
+    let (mut busy_integral, mut energy_j) = (0.0, 0.0);
+    let (mut oom_crashes, mut failed_jobs) = (0u32, 0u32);
+    let mut end = start;
+
+    loop {
+        // Speeds under the interference model.
+        let speed_of_gpu: Vec<f64> = (0..config.gpus)
+            .map(|g| {
+                let n = sim.jobs(g) as f64;
+                1.0 / (sim.demand(g).max(1.0) * (1.0 + config.contention * (n - 1.0).max(0.0)))
+            })
+            .collect();
+        let speeds: Vec<f64> = running
+            .iter()
+            .map(|r| {
+                r.gpus
+                    .iter()
+                    .map(|&g| speed_of_gpu[g])
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        let next_finish = running
+            .iter()
+            .zip(&speeds)
+            .map(|(r, s)| t + r.remaining / s)
+            .fold(f64::INFINITY, f64::min);
+        let next_crash = running
+            .iter()
+            .filter_map(|r| r.crash_at)
+            .fold(f64::INFINITY, f64::min);
+        let next_arrival = arrivals
+            .front()
+            .map_or(f64::INFINITY, |&j| trace[j].submit_s);
+        if running.is_empty() && arrivals.is_empty() {
+            if queue.is_empty() {
+                break;
+            }
+            if next_tick > t + 120.0 {
+                // Two minutes of ticks on an empty machine placed nothing: it never will.
+                return Err(SimError::Stalled {
+                    policy: policy_name,
+                    queued: queue.len(),
+                });
+            }
+        }
+        let next = next_finish.min(next_crash).min(next_arrival).min(next_tick);
+
+        // Advance to `next`.
+        let dt = next - t;
+        for (r, s) in running.iter_mut().zip(&speeds) {
+            r.remaining -= s * dt;
+        }
+        for g in 0..config.gpus {
+            let util = sim.demand(g).min(1.0);
+            busy_integral += util * dt;
+            energy_j += (config.idle_w + (config.max_w - config.idle_w) * util) * dt;
+        }
+        t = next;
+
+        // Crashes, then completions.
+        let mut i = 0;
+        while i < running.len() {
+            let r = &running[i];
+            let crashed = r.crash_at.is_some_and(|c| c <= t + EPS);
+            let done = !crashed && r.remaining <= EPS * trace[r.queued.job].duration_s.max(1.0);
+            if !(crashed || done) {
+                i += 1;
+                continue;
+            }
+            let r = running.swap_remove(i);
+            sim.remove(r.queued.job as u64);
+            end = t;
+            if done {
+                finished_at[r.queued.job] = Some(t);
+                continue;
+            }
+            oom_crashes += 1;
+            outcomes[r.queued.job].oom_crashes += 1;
+            let job = &trace[r.queued.job];
+            if r.queued.crashes >= config.max_oom_retries {
+                failed_jobs += 1;
+                continue;
+            }
+            let peak = job.mem_mib.min(r.limit_mib.unwrap_or(u64::MAX));
+            let mut raised = r.queued.estimate_mib.saturating_mul(3).div_ceil(2);
+            if learned {
+                raised = raised.max(peak.saturating_mul(11).div_ceil(10));
+            }
+            queue.push_front(Queued {
+                job: r.queued.job,
+                estimate_mib: raised.min(config.gpu_mem_mib),
+                exclusive: true,
+                crashes: r.queued.crashes + 1,
+            });
+        }
+
+        // Arrivals.
+        while let Some(&j) = arrivals.front() {
+            if trace[j].submit_s > t + EPS {
+                break;
+            }
+            arrivals.pop_front();
+            queue.push_back(Queued {
+                job: j,
+                estimate_mib: (trace[j].mem_mib as f64 * config.estimate_scale).ceil() as u64,
+                exclusive: false,
+                crashes: 0,
+            });
+        }
+
+        // Telemetry.
+        if t + EPS >= next_tick {
+            for (g, w) in windows.iter_mut().enumerate() {
+                if let Ok(sample) = sim.sample(g) {
+                    w.push(sample);
+                }
+            }
+            next_tick += config.tick_s;
+        }
+
+        // Admission.
+        if queue.is_empty() {
+            continue;
+        }
+        let mut states: Vec<GpuState> = sim
+            .gpus()
+            .iter()
+            .zip(&windows)
+            .zip(&locked_until)
+            .map(|((info, w), &locked_until)| GpuState {
+                locked_until,
+                ..GpuState::observed(info, w)
+            })
+            .collect();
+        for r in &running {
+            for &g in &r.gpus {
+                let s = &mut states[g];
+                s.jobs += 1;
+                s.reserved_mib += r.queued.estimate_mib;
+                s.exclusive_job |= r.queued.exclusive;
+                if let Some(feed) = &trace[r.queued.job].feed {
+                    s.feeds.push(feed.clone());
+                }
+            }
+        }
+        let pending: Vec<Pending> = queue
+            .iter()
+            .map(|q| Pending {
+                id: q.job as u64,
+                estimate_mib: q.estimate_mib,
+                gpus: trace[q.job].gpus,
+                exclusive: q.exclusive,
+                feed: trace[q.job].feed.clone(),
+            })
+            .collect();
+        let placements = engine.admit(t, &pending, &mut states);
+        for (g, s) in states.iter().enumerate() {
+            locked_until[g] = s.locked_until;
+        }
+        for Placement {
+            job,
+            gpus,
+            mem_limit_mib,
+            ..
+        } in placements
+        {
+            let job = job as usize;
+            let Some(at) = queue.iter().position(|q| q.job == job) else {
+                continue;
+            };
+            let Some(queued) = queue.remove(at) else {
+                continue;
+            };
+            let spec = &trace[job];
+            let load = SimLoad {
+                mem_mib: spec.mem_mib,
+                sm: spec.sm_activity,
+            };
+            for &g in &gpus {
+                sim.place(g, job as u64, load);
+            }
+            let over_limit = mem_limit_mib.is_some_and(|l| spec.mem_mib > l);
+            let over_gpu = gpus.iter().any(|&g| sim.memory_mib(g) > config.gpu_mem_mib);
+            let crash_at =
+                (over_limit || over_gpu).then(|| t + config.oom_after_s.min(spec.duration_s));
+            outcomes[job].start_s = Some(t);
+            outcomes[job].gpus.clone_from(&gpus);
+            running.push(Running {
+                queued,
+                gpus,
+                remaining: spec.duration_s,
+                crash_at,
+                limit_mib: mem_limit_mib,
+            });
+        }
+    }
+
+    let completed: Vec<f64> = finished_at
+        .iter()
+        .zip(trace)
+        .filter_map(|(f, j)| f.map(|f| f - j.submit_s))
+        .collect();
+    let makespan_s = end - start;
+    for (o, f) in outcomes.iter_mut().zip(&finished_at) {
+        o.finish_s = *f;
+    }
+    let report = SimReport {
+        makespan_s,
+        mean_jct_s: if completed.is_empty() {
+            0.0
+        } else {
+            completed.iter().sum::<f64>() / completed.len() as f64
+        },
+        mean_gpu_util: if makespan_s > 0.0 {
+            busy_integral / (makespan_s * config.gpus as f64)
+        } else {
+            0.0
+        },
+        oom_crashes,
+        energy_kwh: energy_j / 3.6e6,
+        failed_jobs,
+        jobs: trace.len(),
+    };
+    Ok((report, outcomes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generate::{GenerateConfig, generate};
+    use super::*;
+
+    fn job(id: &str, submit_s: f64, duration_s: f64, mem_mib: u64, sm: f64) -> TraceJob {
+        TraceJob {
+            id: id.to_owned(),
+            submit_s,
+            duration_s,
+            mem_mib,
+            sm_activity: sm,
+            gpus: 1,
+            feed: None,
+        }
+    }
+
+    fn run(name: &str, trace: &[TraceJob], config: &SimConfig) -> SimReport {
+        simulate(trace, Policy::named(name).unwrap(), config).unwrap()
+    }
+
+    #[test]
+    fn a_lone_job_takes_its_solo_duration_at_its_power() {
+        let config = SimConfig {
+            gpus: 1,
+            ..SimConfig::default()
+        };
+        let r = run("exclusive", &[job("a", 5.0, 100.0, 1000, 0.5)], &config);
+        assert!((r.makespan_s - 100.0).abs() < 1e-6);
+        assert!((r.mean_jct_s - 100.0).abs() < 1e-6);
+        assert!((r.mean_gpu_util - 0.5).abs() < 1e-6);
+        let watts = 60.0 + 340.0 * 0.5;
+        assert!((r.energy_kwh - watts * 100.0 / 3.6e6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn two_light_jobs_collocate_under_carma_and_queue_under_exclusive() {
+        let config = SimConfig {
+            gpus: 1,
+            ..SimConfig::default()
+        };
+        let trace = [
+            job("a", 0.0, 100.0, 1000, 0.3),
+            job("b", 0.0, 100.0, 1000, 0.3),
+        ];
+        let exclusive = run("exclusive", &trace, &config);
+        assert!((exclusive.makespan_s - 200.0).abs() < 1e-6);
+        let carma = run("carma-most-free", &trace, &config);
+        // b joins after the 20 s settle lock; both run at 1/1.05 speed while together.
+        assert!(carma.makespan_s < 150.0, "{carma:?}");
+        assert_eq!(carma.oom_crashes, 0);
+    }
+
+    #[test]
+    fn oversubscribed_sms_slow_every_job_down() {
+        let config = SimConfig {
+            gpus: 1,
+            contention: 0.0,
+            ..SimConfig::default()
+        };
+        let mut policy = Policy::named("carma-first-fit").unwrap();
+        policy.settle_s = 0.0;
+        policy.compute = None;
+        let trace = [
+            job("a", 0.0, 100.0, 1000, 0.8),
+            job("b", 0.0, 100.0, 1000, 0.8),
+        ];
+        let r = simulate(&trace, policy, &config).unwrap();
+        // a runs alone for the first tick boundary (b starts at the same instant with no
+        // settle lock), then both share 1.6 of demand: 160 s for both.
+        assert!((r.makespan_s - 160.0).abs() < 1.0, "{r:?}");
+    }
+
+    #[test]
+    fn underestimates_crash_out_of_memory_and_recover_exclusively() {
+        let config = SimConfig {
+            gpus: 1,
+            estimate_scale: 0.25,
+            ..SimConfig::default()
+        };
+        let trace = [
+            job("big", 0.0, 1000.0, 30 * 1024, 0.3),
+            job("late", 30.0, 1000.0, 20 * 1024, 0.3),
+        ];
+        // carma: late looks like 5 GiB, joins big, and the 50 GiB sum crashes it.
+        let carma = run("carma-most-free", &trace, &config);
+        assert!(carma.oom_crashes >= 1, "{carma:?}");
+        assert_eq!(carma.failed_jobs, 0);
+        // Both finish: the crashed one reruns alone after big.
+        assert!(carma.makespan_s >= 2000.0);
+        // ladle: the MPS limit (5 GiB) catches late too, and its retry waits for an idle GPU.
+        let ladle = run("ladle", &trace, &config);
+        assert!(ladle.oom_crashes >= 1);
+        assert_eq!(ladle.failed_jobs, 0);
+    }
+
+    #[test]
+    fn honest_estimates_never_crash_out_of_memory() {
+        let trace = generate(&GenerateConfig::default());
+        for name in Policy::NAMES {
+            let r = run(name, &trace, &SimConfig::default());
+            assert_eq!(r.oom_crashes, 0, "{name}");
+            assert_eq!(r.failed_jobs, 0, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_job_of_a_trace_completes_once_on_the_gpus_it_asked_for() {
+        let trace = generate(&GenerateConfig::default());
+        for name in Policy::NAMES {
+            let (report, jobs) =
+                simulate_jobs(&trace, Policy::named(name).unwrap(), &SimConfig::default()).unwrap();
+            assert_eq!(jobs.len(), trace.len());
+            for (o, j) in jobs.iter().zip(&trace) {
+                let (start, finish) = (o.start_s.unwrap(), o.finish_s.unwrap());
+                assert!(
+                    start >= j.submit_s && finish >= start + j.duration_s - 1e-6,
+                    "{o:?}"
+                );
+                assert_eq!(o.gpus.len(), j.gpus as usize);
+            }
+            let last = jobs.iter().filter_map(|o| o.finish_s).fold(0.0, f64::max);
+            assert!((report.makespan_s - (last - trace[0].submit_s)).abs() < 1e-6);
+        }
+    }
+
+    /// CARMA reports about 35 % shorter makespans than exclusive placement on its trace.
+    /// On this generated trace (seed 1, 60 jobs, 3 × 40 GiB) our model gives ladle 36 %;
+    /// other seeds give less (see `benches/README.md`). This pins the seed-1 result.
+    #[test]
+    fn on_the_seed_1_trace_ladle_cuts_the_exclusive_makespan_by_over_a_third() {
+        let trace = generate(&GenerateConfig::default());
+        let config = SimConfig::default();
+        let exclusive = run("exclusive", &trace, &config);
+        let ladle = run("ladle", &trace, &config);
+        let carma = run("carma-most-free", &trace, &config);
+        assert!(
+            ladle.makespan_s <= 0.65 * exclusive.makespan_s,
+            "{ladle:?} vs {exclusive:?}"
+        );
+        assert!(
+            ladle.mean_jct_s < carma.mean_jct_s,
+            "{ladle:?} vs {carma:?}"
+        );
+        assert!(ladle.mean_gpu_util > exclusive.mean_gpu_util);
+        assert_eq!(ladle.oom_crashes, 0);
+    }
+
+    #[test]
+    fn the_simulation_is_deterministic() {
+        let trace = generate(&GenerateConfig::default());
+        let a = run("ladle", &trace, &SimConfig::default());
+        let b = run("ladle", &trace, &SimConfig::default());
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn too_wide_jobs_are_errors() {
+        let mut wide = job("w", 0.0, 10.0, 10, 0.1);
+        wide.gpus = 4;
+        assert!(matches!(
+            simulate(
+                &[wide],
+                Policy::named("ladle").unwrap(),
+                &SimConfig::default()
+            ),
+            Err(SimError::TooWide { .. })
+        ));
+    }
+}

@@ -1,0 +1,434 @@
+//! The scheduler as real processes: `ladle scheduler` on simulated GPUs, jobs that are real
+//! shell commands (they print, sleep, fail, or exit like a CUDA out-of-memory crash), the
+//! clients `ladle submit/queue/cancel/logs`, SIGKILL of the daemon, and `ladle sim`.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ladle_tests::Fixture;
+use serde_json::Value;
+
+/// Deadlock guard for anything we wait on; never a speed assertion.
+const GUARD: Duration = Duration::from_secs(120);
+
+struct Scheduler {
+    fx: Fixture,
+    daemon: usize,
+}
+
+impl Scheduler {
+    /// A daemon on `gpus` simulated GPUs of 40 GiB, no settle lock (so tests do not wait).
+    fn start(gpus: u32, extra: &[&str]) -> Self {
+        let mut fx = Fixture::new();
+        let daemon = spawn_daemon(&mut fx, gpus, extra);
+        Self { fx, daemon }
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.fx.path().join("sched")
+    }
+
+    fn dir_arg(&self) -> String {
+        self.dir().to_str().unwrap().to_owned()
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.fx.path().join(name).to_str().unwrap().to_owned()
+    }
+
+    /// `ladle submit ARGS -- sh -c SCRIPT`; returns the job id.
+    fn submit(&mut self, args: &[&str], script: &str) -> u64 {
+        let dir = self.dir_arg();
+        let mut all = vec!["submit", "--dir", &dir, "--json"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--", "sh", "-c", script]);
+        let done = self.fx.run(&all, GUARD);
+        assert!(done.status.success(), "submit failed: {}", done.stderr);
+        let v: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+        v["id"].as_u64().unwrap()
+    }
+
+    fn queue(&mut self) -> Value {
+        let dir = self.dir_arg();
+        let done = self.fx.run(&["queue", "--dir", &dir, "--json"], GUARD);
+        assert!(done.status.success(), "queue failed: {}", done.stderr);
+        serde_json::from_str(done.stdout.trim()).unwrap()
+    }
+
+    fn job(&mut self, id: u64) -> Value {
+        let q = self.queue();
+        q["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no job {id} in {q}"))
+    }
+
+    /// Waits until job `id` is in one of `states`; returns it.
+    fn wait_for(&mut self, id: u64, states: &[&str]) -> Value {
+        let deadline = Instant::now() + GUARD;
+        loop {
+            let job = self.job(id);
+            if states.iter().any(|s| job["state"] == *s) {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {id} never reached {states:?}: {job}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn spawn_daemon(fx: &mut Fixture, gpus: u32, extra: &[&str]) -> usize {
+    let dir = fx.path().join("sched");
+    let socket = dir.join("scheduler.sock");
+    let _ = std::fs::remove_file(&socket);
+    let gpus = gpus.to_string();
+    let dir_s = dir.to_str().unwrap().to_owned();
+    let mut args = vec![
+        "scheduler",
+        "--dir",
+        &dir_s,
+        "--gpu",
+        "sim",
+        "--sim-gpus",
+        &gpus,
+        "--sim-gpu-mem",
+        "40GiB",
+        "--settle-s",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let i = fx.spawn(&args);
+    let deadline = Instant::now() + GUARD;
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "ladle scheduler did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    i
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn submitted_jobs_run_as_child_processes_with_their_own_logs() {
+    let mut s = Scheduler::start(2, &[]);
+    let id = s.submit(&["--gpu-mem", "6GiB"], "echo out-line; echo err-line >&2; echo \"$CUDA_VISIBLE_DEVICES $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\"");
+    let job = s.wait_for(id, &["succeeded"]);
+    assert_eq!(job["estimate_mib"], 6144);
+    let dir = s.dir_arg();
+    let logs = s.fx.run(&["logs", "--dir", &dir, &id.to_string()], GUARD);
+    assert!(logs.status.success(), "{}", logs.stderr);
+    assert!(logs.stdout.contains("out-line"), "{}", logs.stdout);
+    assert!(logs.stdout.contains("err-line"), "{}", logs.stdout);
+    // The job saw its GPU by UUID and its MPS memory limit (with headroom) for device 0.
+    assert!(
+        logs.stdout.contains("GPU-00000000-0000-4000-8000-"),
+        "{}",
+        logs.stdout
+    );
+    assert!(
+        logs.stdout.contains("0=9216M"),
+        "1.5 × 6 GiB: {}",
+        logs.stdout
+    );
+}
+
+#[test]
+fn an_out_of_memory_exit_is_retried_alone_with_a_raised_estimate() {
+    let mut s = Scheduler::start(2, &[]);
+    let flag = s.file("crashed-once");
+    let script = format!(
+        "if [ -e {flag} ]; then echo fine; else touch {flag}; echo 'RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1; fi"
+    );
+    let id = s.submit(&["--gpu-mem", "4GiB"], &script);
+    let job = s.wait_for(id, &["succeeded", "failed"]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["attempts"], 2);
+    assert_eq!(job["oom_retries"], 1);
+    assert_eq!(job["exclusive"], true);
+    assert_eq!(job["estimate_mib"], 6144, "1.5 × 4 GiB");
+}
+
+#[test]
+fn out_of_memory_retries_are_bounded_and_other_failures_are_not_retried() {
+    let mut s = Scheduler::start(1, &["--max-oom-retries", "2"]);
+    let oom = s.submit(&[], "echo CUDA_ERROR_OUT_OF_MEMORY >&2; exit 1");
+    let plain = s.submit(&[], "echo something else broke >&2; exit 3");
+    let job = s.wait_for(oom, &["failed"]);
+    assert_eq!(job["attempts"], 3, "{job}");
+    assert!(
+        job["reason"].as_str().unwrap().contains("out of memory"),
+        "{job}"
+    );
+    let job = s.wait_for(plain, &["failed"]);
+    assert_eq!(job["attempts"], 1, "{job}");
+    assert_eq!(job["reason"], "exit code 3");
+}
+
+#[test]
+fn an_observed_peak_becomes_the_next_estimate_for_the_same_command() {
+    let mut s = Scheduler::start(1, &[]);
+    let script = "echo 'ladle-sim: mem_mib=3000 sm=0.2'; sleep 1.5";
+    let first = s.submit(&[], script);
+    let job = s.wait_for(first, &["succeeded"]);
+    assert_eq!(job["estimate_mib"], 4096, "the default estimate");
+    assert_eq!(job["peak_mib"], 3000);
+    let second = s.submit(&[], script);
+    assert_eq!(
+        s.job(second)["estimate_mib"],
+        3300,
+        "1.1 × the observed peak"
+    );
+}
+
+#[test]
+fn cancel_drops_a_queued_job_and_stops_a_running_one() {
+    let mut s = Scheduler::start(1, &["--policy", "exclusive"]);
+    let running = s.submit(&[], "sleep 60");
+    let queued = s.submit(&[], "echo should-not-run");
+    s.wait_for(running, &["running"]);
+    let dir = s.dir_arg();
+    for id in [queued, running] {
+        let done = s.fx.run(&["cancel", "--dir", &dir, &id.to_string()], GUARD);
+        assert!(done.status.success(), "{}", done.stderr);
+    }
+    s.wait_for(running, &["cancelled"]);
+    assert_eq!(s.job(queued)["state"], "cancelled");
+    assert_eq!(s.job(queued)["attempts"], 0);
+    let again =
+        s.fx.run(&["cancel", "--dir", &dir, &queued.to_string()], GUARD);
+    assert!(!again.status.success(), "cancelling twice is an error");
+}
+
+#[test]
+fn the_socket_is_private_and_garbage_on_it_gets_an_error_not_a_crash() {
+    let mut s = Scheduler::start(1, &[]);
+    let socket = s.dir().join("scheduler.sock");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    for garbage in [
+        &b"\x00\xff\x13garbage\n"[..],
+        b"{\"v\":99,\"op\":\"queue\"}\n",
+        b"{\"v\":1,\"op\":\"submit\"}\n",
+    ] {
+        let mut conn = UnixStream::connect(&socket).unwrap();
+        conn.set_read_timeout(Some(GUARD)).unwrap();
+        conn.write_all(garbage).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        let v: Value = serde_json::from_str(answer.trim()).unwrap();
+        assert_eq!(v["status"], "error", "{answer}");
+    }
+    // A client that connects and says nothing, and one that hangs up mid-line.
+    drop(UnixStream::connect(&socket).unwrap());
+    let mut half = UnixStream::connect(&socket).unwrap();
+    half.write_all(b"{\"v\":1,").unwrap();
+    drop(half);
+    let id = s.submit(&[], "true");
+    s.wait_for(id, &["succeeded"]);
+}
+
+#[test]
+fn jobs_needing_more_gpus_than_exist_are_refused() {
+    let mut s = Scheduler::start(2, &[]);
+    let dir = s.dir_arg();
+    let done = s.fx.run(
+        &["submit", "--dir", &dir, "--gpus", "3", "--", "true"],
+        GUARD,
+    );
+    assert!(!done.status.success());
+    assert!(done.stderr.contains("3 GPUs"), "{}", done.stderr);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_directory_is_refused() {
+    let mut s = Scheduler::start(1, &[]);
+    let dir = s.dir_arg();
+    let done =
+        s.fx.run(&["scheduler", "--dir", &dir, "--gpu", "sim"], GUARD);
+    assert!(!done.status.success());
+    assert!(
+        done.stderr.contains("another ladle scheduler"),
+        "{}",
+        done.stderr
+    );
+}
+
+#[test]
+fn a_sigkilled_daemon_restarts_and_no_job_is_lost_or_run_twice() {
+    // One simulated GPU and the exclusive policy: jobs run one at a time, so at each kill
+    // some have finished, one is running and the rest are queued.
+    let mut fx = Fixture::new();
+    let daemon = spawn_daemon(&mut fx, 1, &["--policy", "exclusive"]);
+    let mut s = Scheduler { fx, daemon };
+    let runs = s.file("runs.txt");
+    let ids: Vec<u64> = (0..6)
+        .map(|_| s.submit(&[], &format!("echo $LADLE_JOB_ID >> {runs}; sleep 0.7")))
+        .collect();
+    for round in 0..3 {
+        // Let a job or two run, then kill the daemon outright and start it again.
+        let deadline = Instant::now() + GUARD;
+        while lines(Path::new(&runs)).len() < 2 * round + 1 {
+            assert!(Instant::now() < deadline, "no progress before kill {round}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s.fx.signal(s.daemon, 9);
+        s.fx.wait(s.daemon, GUARD);
+        s.daemon = spawn_daemon(&mut s.fx, 1, &["--policy", "exclusive"]);
+    }
+    for &id in &ids {
+        let job = s.wait_for(id, &["succeeded", "failed", "interrupted", "cancelled"]);
+        assert_eq!(job["state"], "succeeded", "{job}");
+    }
+    let mut ran: Vec<u64> = lines(Path::new(&runs))
+        .iter()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    ran.sort_unstable();
+    assert_eq!(ran, ids, "every job ran exactly once");
+}
+
+#[test]
+fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
+    let mut s = Scheduler::start(1, &[]);
+    let (started, release, runs) = (s.file("started"), s.file("release"), s.file("runs.txt"));
+    let script = format!(
+        "echo $LADLE_JOB_ID >> {runs}; touch {started}; while [ ! -e {release} ]; do sleep 0.05; done"
+    );
+    let id = s.submit(&[], &script);
+    s.wait_for(id, &["running"]);
+    let deadline = Instant::now() + GUARD;
+    while !Path::new(&started).exists() {
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.fx.signal(s.daemon, 15);
+    let stopped = s.fx.wait(s.daemon, GUARD);
+    assert!(
+        stopped.status.success(),
+        "SIGTERM is a clean stop: {}",
+        stopped.stderr
+    );
+    assert!(
+        !s.dir().join("scheduler.sock").exists(),
+        "the socket is removed"
+    );
+    s.daemon = spawn_daemon(&mut s.fx, 1, &[]);
+    assert_eq!(s.job(id)["state"], "running", "adopted, not restarted");
+    std::fs::write(&release, "").unwrap();
+    let job = s.wait_for(id, &["succeeded", "failed", "interrupted"]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["attempts"], 1);
+    assert_eq!(lines(Path::new(&runs)), vec![id.to_string()]);
+}
+
+#[test]
+fn consumers_of_one_feed_share_a_gpu_while_other_jobs_spread_out() {
+    let mut s = Scheduler::start(2, &[]);
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let a = s.submit(&["--feed", "imagenet", "--gpu-mem", "2GiB"], &hold);
+    let first = s.wait_for(a, &["running"]);
+    let b = s.submit(&["--feed", "imagenet", "--gpu-mem", "2GiB"], &hold);
+    let second = s.wait_for(b, &["running"]);
+    assert_eq!(
+        first["gpus"], second["gpus"],
+        "one feed, one GPU: {first} {second}"
+    );
+    let c = s.submit(&["--gpu-mem", "2GiB"], &hold);
+    let other = s.wait_for(c, &["running"]);
+    assert_ne!(other["gpus"], first["gpus"], "no feed: the idle GPU first");
+    std::fs::write(&release, "").unwrap();
+    for id in [a, b, c] {
+        assert_eq!(
+            s.wait_for(id, &["succeeded", "failed"])["state"],
+            "succeeded"
+        );
+    }
+}
+
+#[test]
+fn ladle_sim_compares_policies_on_a_generated_trace() {
+    let mut fx = Fixture::new();
+    let trace = fx.path().join("trace.csv");
+    let trace = trace.to_str().unwrap();
+    let done = fx.run(
+        &[
+            "sim", "generate", "--jobs", "60", "--seed", "1", "--out", trace,
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let header = std::fs::read_to_string(trace).unwrap();
+    assert!(header.starts_with("job_id,submit_s,duration_s,mem_mib,sm_activity,gpus\n"));
+    let args = ["sim", "--trace", trace, "--gpus", "3", "--gpu-mem", "40GiB"];
+    let done = fx.run(
+        &[
+            &args[..],
+            &["--policy", "exclusive,carma-most-free,ladle", "--json"],
+        ]
+        .concat(),
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let v: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    let policies = v["policies"].as_object().unwrap();
+    assert_eq!(policies.len(), 3);
+    for (name, r) in policies {
+        for key in [
+            "makespan_s",
+            "mean_jct_s",
+            "mean_gpu_util",
+            "oom_crashes",
+            "energy_kwh",
+        ] {
+            assert!(r[key].is_number(), "{name} lacks {key}: {r}");
+        }
+        assert_eq!(r["oom_crashes"], 0, "{name}: honest estimates never crash");
+    }
+    let exclusive = policies["exclusive"]["makespan_s"].as_f64().unwrap();
+    let ladle = policies["ladle"]["makespan_s"].as_f64().unwrap();
+    assert!(
+        ladle < exclusive,
+        "collocation shortens the makespan: {ladle} vs {exclusive}"
+    );
+    // The table form names every policy; --per-job writes every job's schedule.
+    let per_job = fx.path().join("jobs.csv");
+    let table = fx.run(
+        &[&args[..], &["--per-job", per_job.to_str().unwrap()]].concat(),
+        GUARD,
+    );
+    assert!(table.status.success(), "{}", table.stderr);
+    for name in [
+        "exclusive",
+        "carma-most-free",
+        "carma-least-util",
+        "carma-first-fit",
+        "carma-best-fit",
+        "ladle",
+    ] {
+        assert!(table.stdout.contains(name), "{}", table.stdout);
+    }
+    let rows = std::fs::read_to_string(&per_job).unwrap();
+    assert_eq!(
+        rows.lines().count(),
+        1 + 6 * 60,
+        "a header and one row per policy and job"
+    );
+}
