@@ -8,7 +8,11 @@
 //!   `C` samples is one contiguous slice.
 //! - [`shm`]: the producer's read-write view ([`ProducerRing`]: create, pre-fault, seal, write
 //!   slots, publish the head) and a consumer's read-only view ([`ConsumerRing`]); the
-//!   per-consumer [`CursorPage`].
+//!   per-consumer [`CursorPage`]. Waiting uses futexes in the cursor page, both ways: the
+//!   producer sleeps on the slowest consumer's cursor until it releases; a consumer sleeps on
+//!   its page's wake word, which the producer bumps only once the head reaches the end of the
+//!   batch the consumer waits for (one wake-up per batch, not one per published sample;
+//!   protocol version 2).
 //! - [`protocol_core`]: the head/cursor protocol and its memory orderings, model-checked with
 //!   loom (`RUSTFLAGS="--cfg loom" cargo test -p ladle-ring --test loom --release`).
 //! - [`protocol`]: the typed, versioned, length-prefixed control messages, with fd passing.
