@@ -15,10 +15,12 @@ echo "== ladle: one producer, four training runs"
 SERVE=$!
 trap 'kill $SERVE 2>/dev/null || true' EXIT
 while [ ! -S "$SOCK" ]; do sleep 0.1; done
+RUNS=()
 for lr in 0.1 0.05 0.02 0.01; do
   python examples/train_resnet18.py --socket "$SOCK" --lr $lr --steps "$STEPS" &
+  RUNS+=($!)
 done
-wait %2 %3 %4 %5
+wait "${RUNS[@]}"
 kill $SERVE; wait $SERVE 2>/dev/null || true
 
 echo "== DataLoader: four training runs, each decoding for itself"
