@@ -68,10 +68,14 @@
 
 mod config;
 mod consumer;
+mod convert;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 
 pub use config::ConsumerConfig;
 pub use consumer::{Batch, BatchOf, Consumer, Epoch, EpochOf, SharedBatch, SharedEpoch};
+pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
 pub use error::{ConnectError, ConsumerError};
 pub use ladle_ring::PROTOCOL_VERSION;
 pub use ladle_ring::RingLayout;
@@ -80,7 +84,7 @@ pub use ladle_ring::protocol::DatasetInfo;
 /// The types a training loop needs: `use ladle_consumer::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Batch, ConnectError, Consumer, ConsumerConfig, ConsumerError, DatasetInfo, Epoch,
-        RingLayout, SharedBatch, SharedEpoch,
+        Batch, ConnectError, Consumer, ConsumerConfig, ConsumerError, DatasetInfo, Epoch, Layout,
+        Normalize, RingLayout, SharedBatch, SharedEpoch,
     };
 }
