@@ -15,7 +15,7 @@
 //!   the batch and every view, array and tensor made from it are gone.
 //! - Waiting for data releases the GIL, in slices of 100 ms between which Ctrl-C is honoured.
 //! - Errors become the exception classes of `ladle` (`LadleError` and its subclasses), or
-//!   `ValueError` for bad arguments, in one place: [`connect_error`] and [`consumer_error`].
+//!   `ValueError` for bad arguments, in one place: `connect_error` and `consumer_error`.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::path::PathBuf;
