@@ -64,6 +64,13 @@
 //! `cargo run -p ladle-consumer --features cuda --release --example cuda_check`, to be run on
 //! a GPU machine (see `benches/gpu/README.md`).
 //!
+//! ## Python
+//! The `ladle` package's `Batch.to_torch(device="cuda:…")` follows the same rules with torch's
+//! calls (`cudaHostRegister` read-only and portable, an asynchronous copy on torch's current
+//! stream, the batch held until an event completes) and converts with torch operations; it
+//! does not use this module, so that `pip install` needs no CUDA. Wiring the fused kernel in
+//! waits for a GPU measurement (see `consumer-sdk/python/python/ladle/_torch.py`).
+//!
 //! ## Shared device batches through CUDA IPC (design, not built)
 //! TensorSocket's main mode: one process copies each batch to the GPU once and the consumers
 //! on that GPU map it with `cuIpcOpenMemHandle` instead of each copying it. The plan:
