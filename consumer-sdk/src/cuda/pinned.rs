@@ -11,6 +11,14 @@ use super::{Converter, CudaError};
 use crate::convert::{Layout, Normalize};
 use crate::{BatchOf, Consumer, RingLayout};
 
+// Copies are made on one thread and polled or dropped on another (a prefetching loop).
+const _: fn() = || {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<PinnedRing>();
+    send_and_sync::<DeviceBatch>();
+    send_and_sync::<InFlight<Arc<Consumer>>>();
+};
+
 /// One consumer's ring mapping registered with CUDA (`cuMemHostRegister`, read-only and
 /// portable): the images region and the labels region, both halves of each double mapping,
 /// so that any batch, wrapped or not, is one contiguous range of pinned memory that the copy
