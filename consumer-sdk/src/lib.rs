@@ -61,6 +61,14 @@
 //! Samples already published are still delivered first. Dropping the [`Consumer`] sends
 //! `Leave` and closes the socket.
 //!
+//! ## To the GPU
+//! Images stay u8 HWC in the ring; [`convert_cpu`] turns a batch into normalised f32 NCHW (or
+//! channels-last) on the CPU, and is the reference of the GPU kernel. With the cargo feature
+//! `cuda`, the `cuda` module pins this consumer's ring mapping (`cuMemHostRegister`, per
+//! process), copies batches to the device asynchronously (a batch stays held until its copy's
+//! event completes) and converts them with one fused kernel. CUDA is loaded at run time: no
+//! driver or no GPU is an error value and the CPU path keeps working. Not yet run on a GPU.
+//!
 //! ## Logging
 //! `tracing` events: `info` when the consumer joins; `warn` when the producer goes away, ends
 //! or detaches this consumer (also returned as errors); `debug` for a failed best-effort

@@ -123,9 +123,14 @@ impl PinnedRing {
             });
         }
         let images_len = batch.images().len();
-        if images_len > dst.images.len()
-            || dst.sample_bytes != pinned.consumer.layout().sample_bytes()
-        {
+        if dst.sample_bytes != pinned.consumer.layout().sample_bytes() {
+            return Err(CudaError::BufferTooSmall {
+                what: "batch images (u8), allocated for another image size (bytes per sample)",
+                needed: pinned.consumer.layout().sample_bytes(),
+                capacity: dst.sample_bytes,
+            });
+        }
+        if images_len > dst.images.len() {
             return Err(CudaError::BufferTooSmall {
                 what: "batch images (u8)",
                 needed: images_len,
