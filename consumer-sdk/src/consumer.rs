@@ -460,6 +460,14 @@ impl Consumer {
         self.ring.images_mapping()
     }
 
+    /// The address and length of this process's read-only mapping of the labels region (both
+    /// halves of the double mapping), page-aligned: registered beside
+    /// [`Consumer::images_region`] by the `cuda` feature so that labels, too, are copied to
+    /// the device asynchronously. Every batch's labels lie inside it.
+    pub fn labels_region(&self) -> (*const u8, usize) {
+        self.ring.labels_mapping()
+    }
+
     /// Reads whatever the producer has said, without blocking.
     fn check_socket(&self) {
         let socket = || self.socket.clone();

@@ -61,6 +61,14 @@
 //! Samples already published are still delivered first. Dropping the [`Consumer`] sends
 //! `Leave` and closes the socket.
 //!
+//! ## To the GPU
+//! Images stay u8 HWC in the ring; [`convert_cpu`] turns a batch into normalised f32 NCHW (or
+//! channels-last) on the CPU, and is the reference of the GPU kernel. With the cargo feature
+//! `cuda`, the `cuda` module pins this consumer's ring mapping (`cuMemHostRegister`, per
+//! process), copies batches to the device asynchronously (a batch stays held until its copy's
+//! event completes) and converts them with one fused kernel. CUDA is loaded at run time: no
+//! driver or no GPU is an error value and the CPU path keeps working. Not yet run on a GPU.
+//!
 //! ## Logging
 //! `tracing` events: `info` when the consumer joins; `warn` when the producer goes away, ends
 //! or detaches this consumer (also returned as errors); `debug` for a failed best-effort
@@ -68,10 +76,14 @@
 
 mod config;
 mod consumer;
+mod convert;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 
 pub use config::ConsumerConfig;
 pub use consumer::{Batch, BatchOf, Consumer, Epoch, EpochOf, SharedBatch, SharedEpoch};
+pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
 pub use error::{ConnectError, ConsumerError};
 pub use ladle_ring::PROTOCOL_VERSION;
 pub use ladle_ring::RingLayout;
@@ -80,7 +92,7 @@ pub use ladle_ring::protocol::DatasetInfo;
 /// The types a training loop needs: `use ladle_consumer::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Batch, ConnectError, Consumer, ConsumerConfig, ConsumerError, DatasetInfo, Epoch,
-        RingLayout, SharedBatch, SharedEpoch,
+        Batch, ConnectError, Consumer, ConsumerConfig, ConsumerError, DatasetInfo, Epoch, Layout,
+        Normalize, RingLayout, SharedBatch, SharedEpoch,
     };
 }

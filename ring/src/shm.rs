@@ -284,6 +284,15 @@ impl ConsumerRing {
             self.regions.images.copy_len() * 2,
         )
     }
+
+    /// The start and length of the labels mapping (both halves of the double mapping), for
+    /// registering it with CUDA as [`ConsumerRing::images_mapping`]. Page-aligned, read-only.
+    pub fn labels_mapping(&self) -> (*const u8, usize) {
+        (
+            self.regions.labels.as_ptr(),
+            self.regions.labels.copy_len() * 2,
+        )
+    }
 }
 
 /// A one-page memfd holding one consumer's cursor, mapped by that consumer and the producer.
@@ -422,6 +431,47 @@ mod tests {
             assert_eq!(labels[k], seq as i64 * 10);
             assert_eq!(indices[k], seq + 1000);
         }
+    }
+
+    #[test]
+    fn the_image_and_label_mappings_are_page_aligned_and_hold_every_batch_across_the_wrap() {
+        let producer = ring();
+        let cap = producer.layout().capacity;
+        for seq in cap - 2..cap + 3 {
+            write(&producer, seq);
+        }
+        producer.publish(cap + 3);
+        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let (images_at, images_len) = consumer.images_mapping();
+        let (labels_at, labels_len) = consumer.labels_mapping();
+        assert_eq!(images_len, 2 * producer.layout().images().1);
+        assert_eq!(labels_len, 2 * producer.layout().labels().1);
+        for (at, len) in [(images_at, images_len), (labels_at, labels_len)] {
+            assert_eq!(at as usize % PAGE, 0);
+            assert_eq!(len % PAGE, 0);
+        }
+        // SAFETY: published, and nothing else writes in this test.
+        let (images, labels) =
+            unsafe { (consumer.images(cap - 2, 5), consumer.labels(cap - 2, 5)) };
+        let inside = |slice_at: usize, slice_len: usize, at: *const u8, len: usize| {
+            slice_at >= at as usize && slice_at + slice_len <= at as usize + len
+        };
+        assert!(inside(
+            images.as_ptr() as usize,
+            images.len(),
+            images_at,
+            images_len
+        ));
+        let label_bytes = std::mem::size_of_val(labels);
+        assert!(inside(
+            labels.as_ptr() as usize,
+            label_bytes,
+            labels_at,
+            labels_len
+        ));
+        // The window crosses the wrap: it starts in the first copy and ends in the second.
+        assert!((labels.as_ptr() as usize) < labels_at as usize + labels_len / 2);
+        assert!(labels.as_ptr() as usize + label_bytes > labels_at as usize + labels_len / 2);
     }
 
     #[test]

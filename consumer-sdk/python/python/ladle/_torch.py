@@ -8,6 +8,18 @@ host memory (``cudaHostRegister``), the uint8 batch is copied to the device asyn
 on the current stream (a quarter of the bytes of a float copy), and conversion and
 normalisation run on the device. The batch stays held until the copy has completed: an event
 recorded after the copy is polled before the batch is let go.
+
+This is the same GPU path as the Rust SDK's ``cuda`` feature (``ladle_consumer::cuda``), done
+with torch's own calls: ``cudaHostRegister`` with these flags is ``cuMemHostRegister``
+(read-only, portable), the copy is ``cudaMemcpyAsync`` from the registered ring, and the
+release rule is the same event. The Rust path is not wired in here on purpose: the default
+``pip install`` stays free of CUDA at build time, and in a PyTorch process the output must be
+torch memory on torch's current stream anyway. What the Rust path adds is the fused
+conversion kernel (5 bytes of memory traffic per element, against about 21 for the
+``copy_``/``mul_``/``add_`` below); wiring it in (a ``cuda`` cargo feature of the native module
+writing into a torch-allocated tensor on torch's stream) waits for a GPU measurement showing
+the conversion matters. Nothing on this path has run on a GPU yet: see
+``benches/gpu/README.md``.
 """
 
 from __future__ import annotations
