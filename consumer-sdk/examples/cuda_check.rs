@@ -20,23 +20,16 @@
 
 use std::sync::Arc;
 
+#[path = "../tests/support/random.rs"]
+mod random;
+use random::random_bytes;
+
 use ladle_consumer::cuda::cudarc::driver::sys::CUevent_flags;
 use ladle_consumer::cuda::cudarc::driver::{CudaStream, DriverError};
 use ladle_consumer::cuda::{self, Converter};
 use ladle_consumer::{Consumer, ConsumerConfig, Layout, Normalize, convert_cpu};
 
 const REPEATS: usize = 20;
-
-fn random_bytes(n: usize, mut state: u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
 
 /// Milliseconds `work` takes on `stream`, by timing events around it.
 fn timed(stream: &Arc<CudaStream>, work: impl FnOnce()) -> Result<f64, DriverError> {

@@ -11,6 +11,10 @@ mod support;
 
 use std::sync::Arc;
 
+#[path = "support/random.rs"]
+mod random;
+use random::random_bytes;
+
 use ladle_consumer::cuda::{self, Converter, CudaError};
 use ladle_consumer::prelude::*;
 use ladle_consumer::{ConvertError, convert_cpu};
@@ -23,18 +27,6 @@ fn connect(producer: &TestProducer, batch_size: u32) -> Arc<Consumer> {
         ..ConsumerConfig::default()
     };
     Arc::new(Consumer::connect(producer.socket(), config).unwrap())
-}
-
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-fn random_bytes(n: usize, mut state: u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
 }
 
 #[test]

@@ -395,6 +395,19 @@ mod tests {
         ProducerRing::create(RingLayout::new(512, 8, 8).unwrap()).unwrap()
     }
 
+    /// A ring with samples `cap − 2 .. cap + 3` written and published (they straddle the
+    /// wrap), and a consumer's view of it.
+    fn published_across_the_wrap() -> (ProducerRing, ConsumerRing, u64) {
+        let producer = ring();
+        let cap = producer.layout().capacity;
+        for seq in cap - 2..cap + 3 {
+            write(&producer, seq);
+        }
+        producer.publish(cap + 3);
+        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        (producer, consumer, cap)
+    }
+
     fn write(ring: &ProducerRing, seq: u64) {
         // SAFETY: single-threaded test, no consumer has released anything yet.
         let (img, label, index) = unsafe { ring.slot_mut(seq) };
@@ -405,13 +418,7 @@ mod tests {
 
     #[test]
     fn a_consumer_sees_published_samples_contiguously_across_the_wrap() {
-        let producer = ring();
-        let cap = producer.layout().capacity;
-        for seq in cap - 2..cap + 3 {
-            write(&producer, seq);
-        }
-        producer.publish(cap + 3);
-        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let (producer, consumer, cap) = published_across_the_wrap();
         assert_eq!(consumer.head(), cap + 3);
         // SAFETY: published, and nothing else writes in this test.
         let (images, labels, indices) = unsafe {
@@ -435,13 +442,7 @@ mod tests {
 
     #[test]
     fn the_image_and_label_mappings_are_page_aligned_and_hold_every_batch_across_the_wrap() {
-        let producer = ring();
-        let cap = producer.layout().capacity;
-        for seq in cap - 2..cap + 3 {
-            write(&producer, seq);
-        }
-        producer.publish(cap + 3);
-        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let (producer, consumer, cap) = published_across_the_wrap();
         let (images_at, images_len) = consumer.images_mapping();
         let (labels_at, labels_len) = consumer.labels_mapping();
         assert_eq!(images_len, 2 * producer.layout().images().1);
