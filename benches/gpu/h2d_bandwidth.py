@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,8 @@ PORTABLE, READ_ONLY = 0x01, 0x08
 
 
 def ladle_bin() -> Path:
+    if os.environ.get("LADLE_BIN"):
+        return Path(os.environ["LADLE_BIN"])
     for p in (REPO / "target/release/ladle", REPO / "target/debug/ladle"):
         if p.exists():
             return p

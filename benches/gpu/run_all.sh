@@ -120,6 +120,35 @@ section() {
   echo "$rc $((SECONDS - t0))" >"$PARTS/$name.rc"
   log "section $name: exit $rc after $((SECONDS - t0))s"
   tail -n 5 "$LOGS/$name.log" | sed 's/^/    /'
+  merge
+}
+
+# ---- one JSON, rewritten after every section (a call cut off early keeps what finished) ------
+merge() {
+"$PY" - "$PARTS" "$RESULT" "$QUICK" "$ONLY" "${1:-0}" <<'EOF'
+import json, pathlib, sys, time
+parts, result = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+out = {"generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+       "quick": sys.argv[3] == "1", "sections_run": sys.argv[4].split(","), "sections": {}}
+for rc in sorted(parts.glob("*.rc")):
+    name = rc.stem
+    code, seconds = (int(x) for x in rc.read_text().split())
+    part = parts / f"{name}.json"
+    try:
+        data = json.loads(part.read_text()) if part.exists() else None
+    except ValueError as e:
+        data = {"unparsable": str(e), "text": part.read_text()[-2000:]}
+    out["sections"][name] = {"exit_code": code, "seconds": seconds, "result": data}
+info = (out["sections"].get("info") or {}).get("result") or {}
+for k in ("device", "driver", "cuda_driver_api", "torch", "torch_cuda", "cores"):
+    out[k] = info.get(k)
+result.write_text(json.dumps(out, indent=2) + "\n")
+if sys.argv[5] == "1":
+    print("\nsection       exit  seconds")
+    for name, s in out["sections"].items():
+        print(f"{name:<13} {s['exit_code']:>4}  {s['seconds']:>7}")
+EOF
+tar -czf "$(dirname "$RESULT")/logs.tar.gz" -C "$WORK" logs parts 2>/dev/null
 }
 
 info() {
@@ -189,7 +218,7 @@ cuda_check() {
 export WORK LOGS PARTS PY DATA LADLE_BIN CUDA_TESTS CUDA_CHECK
 export -f info cuda_tests start_serve cuda_check
 
-if [ "$QUICK" = 1 ]; then ROUNDS=8; COLOC=(--seconds 12 --warmup 10); else ROUNDS=30; COLOC=(); fi
+if [ "$QUICK" = 1 ]; then ROUNDS=8; COLOC=(--seconds 8 --warmup 12); else ROUNDS=30; COLOC=(); fi
 
 section info 60 info
 section cuda_tests 300 cuda_tests
@@ -198,35 +227,12 @@ section h2d_python 300 "$PY" benches/gpu/h2d_bandwidth.py --dataset "$DATA" --ba
   --rounds "$ROUNDS" --json "$PARTS/h2d_python.json"
 section to_torch 300 "$PY" benches/gpu/to_torch_check.py --dataset "$DATA" --batch-size 256 \
   --rounds "$ROUNDS" --json "$PARTS/to_torch.json"
-section scheduler 420 "$PY" benches/gpu/scheduler_check.py --ladle-bin "$LADLE_BIN" \
+section scheduler 540 "$PY" benches/gpu/scheduler_check.py --ladle-bin "$LADLE_BIN" \
   --logs "$LOGS/scheduler" --json "$PARTS/scheduler.json"
 section colocate 600 "$PY" benches/gpu/colocate.py --dataset "$DATA" --ladle-bin "$LADLE_BIN" \
   --logs "$LOGS/colocate" --json "$PARTS/colocate.json" "${COLOC[@]}"
 
-# ---- one JSON --------------------------------------------------------------------------------
-"$PY" - "$PARTS" "$RESULT" "$QUICK" "$ONLY" <<'EOF'
-import json, pathlib, sys, time
-parts, result = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-out = {"generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-       "quick": sys.argv[3] == "1", "sections_run": sys.argv[4].split(","), "sections": {}}
-for rc in sorted(parts.glob("*.rc")):
-    name = rc.stem
-    code, seconds = (int(x) for x in rc.read_text().split())
-    part = parts / f"{name}.json"
-    try:
-        data = json.loads(part.read_text()) if part.exists() else None
-    except ValueError as e:
-        data = {"unparsable": str(e), "text": part.read_text()[-2000:]}
-    out["sections"][name] = {"exit_code": code, "seconds": seconds, "result": data}
-info = (out["sections"].get("info") or {}).get("result") or {}
-for k in ("device", "driver", "cuda_driver_api", "torch", "torch_cuda", "cores"):
-    out[k] = info.get(k)
-result.write_text(json.dumps(out, indent=2) + "\n")
-print("\nsection       exit  seconds")
-for name, s in out["sections"].items():
-    print(f"{name:<13} {s['exit_code']:>4}  {s['seconds']:>7}")
-EOF
-tar -czf "$(dirname "$RESULT")/logs.tar.gz" -C "$WORK" logs parts 2>/dev/null
+merge 1
 log "wrote $RESULT and $(dirname "$RESULT")/logs.tar.gz"
 fail=0
 for rc in "$PARTS"/*.rc; do [ "$(cut -d' ' -f1 "$rc")" = 0 ] || fail=1; done

@@ -14,12 +14,12 @@ with torch's own calls: ``cudaHostRegister`` with these flags is ``cuMemHostRegi
 (read-only, portable), the copy is ``cudaMemcpyAsync`` from the registered ring, and the
 release rule is the same event. The Rust path is not wired in here on purpose: the default
 ``pip install`` stays free of CUDA at build time, and in a PyTorch process the output must be
-torch memory on torch's current stream anyway. What the Rust path adds is the fused
-conversion kernel (5 bytes of memory traffic per element, against about 21 for the
-``copy_``/``mul_``/``add_`` below); wiring it in (a ``cuda`` cargo feature of the native module
-writing into a torch-allocated tensor on torch's stream) waits for a GPU measurement showing
-the conversion matters. Nothing on this path has run on a GPU yet: see
-``benches/gpu/README.md``.
+torch memory on torch's current stream anyway. The conversion is one ``torch.addcmul`` over
+the permuted uint8 view: one kernel reading 1 byte and writing 4 per element, the same
+traffic as the Rust SDK's fused kernel. Measured on an H100 (``benches/gpu/to_torch_check.py``,
+figures in ``benches/README.md``): the whole call is about 1.3 ms of GPU time for a
+256×224×224 batch, the conversion alone a few percent of one ResNet-18 training step at that
+batch size, so the Rust kernel would buy nothing here.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def to_torch(
         device=device,
         memory_format=torch.channels_last if channels_last else torch.contiguous_format,
     )
-    out.copy_(images.permute(0, 3, 1, 2))  # u8 HWC -> f32 CHW in one pass
     scale, shift = _normalisation(torch, device, normalize)
-    out.mul_(scale).add_(shift)
+    # shift + u8 * scale, HWC -> CHW, in one pass: read 1 byte, write 4 per element (the three
+    # passes copy_/mul_/add_ moved 21; measured on an H100 by benches/gpu/to_torch_check.py).
+    torch.addcmul(shift, images.permute(0, 3, 1, 2), scale, out=out)
     return out, labels
