@@ -1616,8 +1616,8 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="ImageFolder directory")
     p.add_argument("--json", required=True, help="write the results here")
-    p.add_argument("--seconds", type=float, default=35.0, help="measurement window (default 35)")
-    p.add_argument("--warmup", type=float, default=15.0,
+    p.add_argument("--seconds", type=float, default=30.0, help="measurement window (default 30)")
+    p.add_argument("--warmup", type=float, default=30.0,
                    help="seconds from the common start to the window, start-up included (default 15)")
     p.add_argument("--budgets", default="all,4",
                    help="CPU budgets in cores, 'all' = every core this process may use "
