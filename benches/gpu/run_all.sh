@@ -16,6 +16,8 @@
 #               against a fused kernel's floor and a ResNet-18 step
 #   scheduler   NVML telemetry, MPS start/adopt/quit, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as
 #               ladle writes it, `ladle submit` of GPU jobs, OOM handling
+#   submit_train the 4 ResNet-18 runs of one ladle feed submitted to the scheduler (default
+#               policy, MPS, no --gpu-mem)
 #   colocate    4 ResNet-18 runs (batch 32/64/128/256) under MPS fed by one ladle feed against
 #               4 PyTorch DataLoaders, at all cores and at 4 cores, and 1 run alone
 # --quick shortens the timed parts (a smoke run); never publish its numbers.
@@ -30,7 +32,7 @@ cd "$(dirname "$0")/../.."
 REPO=$PWD
 
 RESULT=""
-ONLY="info,cuda_tests,cuda_check,h2d_python,to_torch,scheduler,colocate"
+ONLY="info,cuda_tests,cuda_check,h2d_python,to_torch,scheduler,submit_train,colocate"
 QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -215,8 +217,65 @@ cuda_check() {
   return $rc
 }
 
-export WORK LOGS PARTS PY DATA LADLE_BIN CUDA_TESTS CUDA_CHECK
-export -f info cuda_tests start_serve cuda_check
+# The four ResNet-18 runs (colocate.py's worker, batch 32/64/128/256, one ladle feed) submitted
+# to `ladle scheduler --gpu nvml --mps on` with the default policy and no --gpu-mem, as a user
+# of a sweep would; each run measures its own window (warm-up 20 s from its own start, 30 s).
+submit_train() {
+  local state=$WORK/sched-train
+  mkdir -p "$state" "$LOGS/submit_train"
+  start_serve submit_train || return 1
+  "$LADLE_BIN" scheduler --dir "$state" ${SUBMIT_SCHEDULER_ARGS:---gpu nvml --mps on} >"$LOGS/submit_train/scheduler.log" 2>&1 &
+  local sched=$!
+  for _ in $(seq 100); do [ -S "$state/scheduler.sock" ] && break; sleep 0.1; done
+  local t0=$SECONDS
+  for b in 32 64 128 256; do
+    "$LADLE_BIN" submit --dir "$state" --feed embedded --json -- bash -c \
+      "exec $PY $REPO/benches/gpu/colocate.py worker --source ladle --socket $SOCK --batch-size $b \
+       --t0 \$(date +%s.%N) --warmup 20 --seconds 30 --name submit-bs$b \
+       --result $LOGS/submit_train/bs$b.json ${SUBMIT_WORKER_ARGS:-}"
+  done
+  local done_=0
+  for _ in $(seq 400); do
+    "$LADLE_BIN" queue --dir "$state" --json >"$LOGS/submit_train/queue.json" 2>/dev/null
+    echo "$((SECONDS - t0)) $(tr -d '\n' <"$LOGS/submit_train/queue.json")" >>"$LOGS/submit_train/polls.txt"
+    if "$PY" -c 'import json,sys; q=json.load(open(sys.argv[1])); st=lambda j: j["state"]["state"] if isinstance(j["state"], dict) else j["state"]; sys.exit(0 if q["jobs"] and all(st(j) not in ("queued","running") for j in q["jobs"]) else 1)' \
+        "$LOGS/submit_train/queue.json"; then done_=1; break; fi
+    sleep 1
+  done
+  local makespan=$((SECONDS - t0))
+  kill "$sched"; wait "$sched"
+  kill "$SERVE_PID"; wait "$SERVE_PID"
+  "$PY" - "$LOGS/submit_train" "$PARTS/submit_train.json" "$makespan" "$done_" <<'PYEOF'
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+q = json.loads((d / "queue.json").read_text())
+runs = {}
+for b in (32, 64, 128, 256):
+    f = d / f"bs{b}.json"
+    runs[b] = json.loads(f.read_text()) if f.exists() else None
+polls = [l.split(" ", 1) for l in (d / "polls.txt").read_text().splitlines()]
+concurrent = 0
+for t, text in polls:
+    try:
+        concurrent = max(concurrent, sum(str(j["state"]).find("running") >= 0
+                                         for j in json.loads(text)["jobs"]))
+    except ValueError:
+        pass
+out = {"policy": q.get("policy"), "all_finished": sys.argv[4] == "1",
+       "makespan_s": int(sys.argv[3]), "max_running_at_once": concurrent,
+       "jobs": q["jobs"], "gpus": q.get("gpus"),
+       "runs": {b: (None if r is None else {k: r.get(k) for k in (
+           "images_per_s", "images", "max_memory_reserved_mib", "t_first_step_s",
+           "data_wait_fraction_window", "error", "loss")}) for b, r in runs.items()},
+       "aggregate_images_per_s": sum((r or {}).get("images_per_s") or 0 for r in runs.values())}
+json.dump(out, open(sys.argv[2], "w"), indent=2)
+print(json.dumps({k: v for k, v in out.items() if k not in ("jobs", "gpus")}, indent=2))
+PYEOF
+  [ "$done_" = 1 ]
+}
+
+export WORK LOGS PARTS PY DATA LADLE_BIN CUDA_TESTS CUDA_CHECK REPO
+export -f info cuda_tests start_serve cuda_check submit_train
 
 if [ "$QUICK" = 1 ]; then ROUNDS=8; COLOC=(--seconds 8 --warmup 12); else ROUNDS=30; COLOC=(); fi
 
@@ -229,6 +288,7 @@ section to_torch 300 "$PY" benches/gpu/to_torch_check.py --dataset "$DATA" --bat
   --rounds "$ROUNDS" --json "$PARTS/to_torch.json"
 section scheduler 540 "$PY" benches/gpu/scheduler_check.py --ladle-bin "$LADLE_BIN" \
   --logs "$LOGS/scheduler" --json "$PARTS/scheduler.json"
+section submit_train 400 submit_train
 section colocate 600 "$PY" benches/gpu/colocate.py --dataset "$DATA" --ladle-bin "$LADLE_BIN" \
   --logs "$LOGS/colocate" --json "$PARTS/colocate.json" "${COLOC[@]}"
 
