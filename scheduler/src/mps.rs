@@ -8,7 +8,12 @@
 //! - `CUDA_MPS_PIPE_DIRECTORY` / `CUDA_MPS_LOG_DIRECTORY` of this daemon,
 //! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=6144M[,1=6144M…]` (per device ordinal as the
 //!   client sees them, i.e. 0, 1, … in `CUDA_VISIBLE_DEVICES` order) when the policy sets a
-//!   limit, and
+//!   limit (format: NVIDIA's MPS documentation, "Appendix: Environment Variables",
+//!   <https://docs.nvidia.com/deploy/mps/latest/appendix-environment-variables.html>). Checked
+//!   on an H100 with driver 580 (`benches/gpu/scheduler_check.py`): a client under `0=2048M`
+//!   allocates 1 GiB and fails with CUDA out of memory at 4 GiB more while its unlimited
+//!   neighbour allocates 4 GiB; `0=2G` and `GPU-<uuid>=2048M` limit the same way. The limit
+//!   covers the client's CUDA context too (torch saw 1534 MiB free under `0=2048M`), and
 //! - `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when the submission asks for it.
 //!
 //! ladle never changes compute mode, clocks, persistence mode or MIG; unsuitable settings
