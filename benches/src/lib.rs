@@ -1,7 +1,7 @@
 //! # ladle-benches: benchmarks
 //!
-//! In `DESIGN.md`'s picture this package measures the producer's per-core ceiling: decode and
-//! augment per image (`benches/decode_augment.rs`) and the multi-threaded pipeline
+//! In `docs/ARCHITECTURE.md`'s picture this package measures the producer's per-core ceiling:
+//! decode and augment per image (`benches/decode_augment.rs`) and the multi-threaded pipeline
 //! (`benches/pipeline.rs`). Method and results: `benches/README.md`.
 //!
 //! This library holds what the benchmarks share: generating the embedded synthetic dataset

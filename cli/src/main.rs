@@ -1,8 +1,8 @@
 //! # ladle: the command-line front of ladle
 //!
-//! In `DESIGN.md`'s picture this is the `cli/` box: thin subcommands over the library crates
-//! and nothing else. Every subcommand's logic lives in a crate; this binary parses arguments,
-//! draws progress bars and prints reports.
+//! In `docs/ARCHITECTURE.md`'s picture this is the `cli/` box: thin subcommands over the library
+//! crates and nothing else. Every subcommand's logic lives in a crate; this binary parses
+//! arguments, draws progress bars and prints reports.
 
 mod bench;
 mod consume;

@@ -1,12 +1,12 @@
 //! # ladle-consumer: the SDK a training process links
 //!
-//! In `DESIGN.md`'s picture this crate is each consumer box (A, B, C on the right): what a
-//! training process links to read the producer's sample ring. It connects to the producer's
-//! control socket (Unix, peer uid checked), says `Hello` with its own batch size, maps the
-//! ring it receives **read-only**, and yields zero-copy [`Batch`]es: a batch's images are one
-//! contiguous `[B, H, W, 3]` u8 slice of shared memory, its labels `[B]` i64, its dataset
-//! indices `[B]` u64. It depends only on [`ladle_ring`], never on the producer or the
-//! datasets crate, so that it stays small.
+//! In `docs/ARCHITECTURE.md`'s picture this crate is each consumer box (A, B, C on the right): what
+//! a training process links to read the producer's sample ring. It connects to the producer's
+//! control socket (Unix, peer uid checked), says `Hello` with its own batch size, maps the ring it
+//! receives **read-only**, and yields zero-copy [`Batch`]es: a batch's images are one contiguous
+//! `[B, H, W, 3]` u8 slice of shared memory, its labels `[B]` i64, its dataset indices `[B]` u64.
+//! It depends only on [`ladle_ring`], never on the producer or the datasets crate, so that it stays
+//! small.
 //!
 //! ```no_run
 //! use ladle_consumer::prelude::*;

@@ -1,6 +1,6 @@
 //! # ladle-datasets: read, decode and augment training images, fast
 //!
-//! In `DESIGN.md`'s picture this crate is the left-hand box: *dataset files → sampler →
+//! In `docs/ARCHITECTURE.md`'s picture this crate is the left-hand box: *dataset files → sampler →
 //! decode+augment threads*. The producer drives it to fill the shared sample ring; the
 //! benchmarks drive it to measure the per-core ceiling of the whole service; the consumer SDK
 //! never links it.

@@ -1,11 +1,11 @@
 //! The producer's feed: which dataset index goes into which sequence number.
 //!
 //! Producer-epoch `e` covers sequences `[e·N, (e+1)·N)` in the order `π_e`. `π_0` is a seeded
-//! shuffle; `π_{e+1}` shuffles `π_e` inside each segment between consecutive *cut points*,
-//! the offsets `p = start mod N` of the live consumers that joined mid-epoch. That keeps the
-//! set `π[0..p)` the same in every later epoch, so a consumer whose epochs are windows of `N`
-//! sequences starting at offset `p` sees every index exactly once per epoch (DESIGN.md,
-//! "Late joiners"). With no cut point the next epoch is a full reshuffle.
+//! shuffle; `π_{e+1}` shuffles `π_e` inside each segment between consecutive *cut points*, the
+//! offsets `p = start mod N` of the live consumers that joined mid-epoch. That keeps the set
+//! `π[0..p)` the same in every later epoch, so a consumer whose epochs are windows of `N` sequences
+//! starting at offset `p` sees every index exactly once per epoch (`docs/ARCHITECTURE.md`, "Late
+//! joiners"). With no cut point the next epoch is a full reshuffle.
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,8 @@
 //! # ladle-producer: decode and augment once, into the shared sample ring
 //!
-//! In `DESIGN.md`'s picture this crate is the producer: *sampler → decode+augment threads →
-//! sample ring*, plus the control server on a Unix socket that admits and drops consumers.
+//! In `docs/ARCHITECTURE.md`'s picture this crate is the producer: *sampler → decode+augment
+//! threads → sample ring*, plus the control server on a Unix socket that admits and drops
+//! consumers.
 //!
 //! - The feed (module `feed`) turns sequence numbers into dataset indices: seeded per-epoch
 //!   permutations, reshuffled only inside segments between late joiners' cut points, so every

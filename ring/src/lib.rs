@@ -1,7 +1,7 @@
 //! # ladle-ring: the shared-memory sample ring and the control protocol
 //!
-//! In `DESIGN.md`'s picture this crate is the box in the middle: the one contract both the
-//! producer and every consumer share, and the only crate the consumer SDK needs.
+//! In `docs/ARCHITECTURE.md`'s picture this crate is the box in the middle: the one contract both
+//! the producer and every consumer share, and the only crate the consumer SDK needs.
 //!
 //! - [`layout`]: where the images (`[C,H,W,3]` u8), labels (`i64`) and dataset indices (`u64`)
 //!   live in one `memfd`, each region mapped twice back to back so that any window of up to

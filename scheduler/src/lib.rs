@@ -1,6 +1,6 @@
 //! # ladle-scheduler: collocation-aware GPU admission
 //!
-//! The scheduler of `DESIGN.md`'s picture, the bottom line:
+//! The scheduler of `docs/ARCHITECTURE.md`'s picture, the bottom line:
 //!
 //! ```text
 //!  scheduler ── NVML telemetry, MPS control ── GPU(s) ◄── admits the consumers' training processes

@@ -1,11 +1,11 @@
 //! # ladle-tests: cross-crate, multi-process integration tests
 //!
-//! In `DESIGN.md`'s picture this package tests the whole: it runs the real `ladle` binary as
-//! real processes (a producer, several consumers) over real Unix sockets and real shared
-//! memory, on real files. This library is the fixture the tests in `tests/` share: every test
-//! gets its own temporary directory (so its own socket and dataset names, and tests run in
-//! parallel), every child process is killed when the fixture drops, and every wait has a
-//! deadline that turns a hang into a test failure (a watchdog, not a speed assertion).
+//! In `docs/ARCHITECTURE.md`'s picture this package tests the whole: it runs the real `ladle`
+//! binary as real processes (a producer, several consumers) over real Unix sockets and real shared
+//! memory, on real files. This library is the fixture the tests in `tests/` share: every test gets
+//! its own temporary directory (so its own socket and dataset names, and tests run in parallel),
+//! every child process is killed when the fixture drops, and every wait has a deadline that turns a
+//! hang into a test failure (a watchdog, not a speed assertion).
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // a test fixture fails loudly
 

@@ -1,10 +1,10 @@
 //! # ladle-python: the native module of the `ladle` Python package
 //!
-//! In `DESIGN.md`'s picture this is the Python face of each consumer box: a thin PyO3 shell
-//! over [`ladle_consumer`], built by maturin into `ladle._native` and re-exported by the
-//! small pure-Python package `ladle` beside it (`python/ladle/`), which adds `to_torch` and
-//! the benchmark. Nothing here decides anything: connecting, epochs, holding and releasing
-//! samples are `ladle-consumer`'s; this crate converts types and errors and releases the GIL.
+//! In `docs/ARCHITECTURE.md`'s picture this is the Python face of each consumer box: a thin PyO3
+//! shell over [`ladle_consumer`], built by maturin into `ladle._native` and re-exported by the
+//! small pure-Python package `ladle` beside it (`python/ladle/`), which adds `to_torch` and the
+//! benchmark. Nothing here decides anything: connecting, epochs, holding and releasing samples are
+//! `ladle-consumer`'s; this crate converts types and errors and releases the GIL.
 //!
 //! - `Consumer` holds an `Arc<ladle_consumer::Consumer>`; `for batch in consumer` runs one
 //!   epoch through a [`SharedEpoch`].

@@ -1,10 +1,10 @@
 //! The GPU path (feature `cuda`): the ring pinned per consumer, asynchronous copies of
 //! batches to the device, and the fused u8 → normalised f32 conversion kernel.
 //!
-//! In `DESIGN.md`'s picture this is the last hop of each consumer arrow: from the read-only
-//! ring mapping to the consumer's GPU. Layers, bottom up: [`driver`](self) (run-time presence
-//! checks, the context, `cuMemHostRegister` and `cuMemcpyHtoDAsync`, every raw driver call),
-//! then [`PinnedRing`], [`DeviceBatch`], [`InFlight`] and [`Converter`] on cudarc's safe
+//! In `docs/ARCHITECTURE.md`'s picture this is the last hop of each consumer arrow: from the
+//! read-only ring mapping to the consumer's GPU. Layers, bottom up: [`driver`](self) (run-time
+//! presence checks, the context, `cuMemHostRegister` and `cuMemcpyHtoDAsync`, every raw driver
+//! call), then [`PinnedRing`], [`DeviceBatch`], [`InFlight`] and [`Converter`] on cudarc's safe
 //! layer.
 //!
 //! ```no_run
