@@ -306,6 +306,9 @@ impl CursorPage {
     /// Producer side: a fresh page with the cursor at `start`.
     pub fn create(start: u64) -> Result<Self, ShmError> {
         let fd = sys::memfd("ladle-cursor", PAGE as u64).map_err(ShmError::os("memfd_create"))?;
+        // Sealed before the consumer ever sees it: a consumer that truncated its page would
+        // otherwise kill the producer with SIGBUS at its next read of the cursor.
+        sys::seal_size(fd.as_fd()).map_err(ShmError::os("sealing a cursor page"))?;
         let page = Self::map(fd.as_fd())?;
         let words = page.words();
         words.cursor.store(start, Ordering::Release);
@@ -506,6 +509,30 @@ mod tests {
         other.release(42);
         assert_eq!(page.cursor(), 42);
         page.wait_for_release(41, std::time::Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_consumer_cannot_resize_its_cursor_page_under_the_producer() {
+        let page = CursorPage::create(7).unwrap();
+        let fd = page.fd().unwrap();
+        // What a hostile consumer holding the fd would try: shrink (SIGBUS for the producer at
+        // its next read), grow, or lift the seals.
+        assert!(
+            rustix::fs::ftruncate(fd, 0).is_err(),
+            "the page can be shrunk"
+        );
+        assert!(
+            rustix::fs::ftruncate(fd, 2 * PAGE as u64).is_err(),
+            "the page can be grown"
+        );
+        assert!(
+            rustix::fs::fcntl_add_seals(fd, rustix::fs::SealFlags::WRITE).is_err(),
+            "seals can still be changed"
+        );
+        // Still usable by both sides.
+        let consumer = CursorPage::map(fd).unwrap();
+        consumer.release(9);
+        assert_eq!(page.cursor(), 9);
     }
 
     #[test]

@@ -36,6 +36,14 @@ pub fn seal_against_writers(fd: BorrowedFd<'_>) -> io::Result<()> {
     )
 }
 
+/// Seals `fd`'s size for good: nobody can shrink or grow it, and no seal can be added or
+/// removed. Writable mappings stay possible (a cursor page is written by its consumer). A
+/// shrink under the producer's mapping would kill the producer with `SIGBUS` on its next
+/// access.
+pub fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+}
+
 /// The size of the file behind `fd`.
 pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(rustix::fs::fstat(fd)?.st_size as u64)
