@@ -95,6 +95,8 @@ import traceback
 from collections import deque
 from pathlib import Path
 
+from _common import run_to_files
+
 MIB = 1 << 20
 TAIL = 3000
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -883,33 +885,8 @@ class Orchestrator:
         out_p, err_p = Path(f"{base}.out"), Path(f"{base}.err")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         rec = {"cmd": " ".join(map(str, cmd))}
-        try:
-            with open(out_p, "wb") as out, open(err_p, "wb") as err:
-                p = subprocess.Popen([str(c) for c in cmd],
-                                     stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                                     stdout=out, stderr=err, env=env or self.base_env,
-                                     start_new_session=True)
-        except OSError as e:
-            rec.update(rc=None, error=f"cannot run: {fmt_exc(e)}", stdout="", stderr="")
-            return rec
-        try:
-            if input_text is not None:
-                try:
-                    p.stdin.write(input_text.encode())
-                    p.stdin.close()
-                except OSError:
-                    pass
-            rec["rc"] = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            rec.update(rc=None, error=f"timed out after {timeout:.0f} s")
+        rec.update(run_to_files(cmd, out_p, err_p, timeout=timeout, env=env or self.base_env,
+                                input_text=input_text))
         rec["stdout"] = tail(out_p)
         rec["stderr"] = tail(err_p)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -29,28 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import ladle
+from _common import serving
 
-REPO = Path(__file__).resolve().parents[2]
 # cudaHostRegister flags: portable (all contexts) | read-only (the ring is mapped read-only).
 PORTABLE, READ_ONLY = 0x01, 0x08
-
-
-def ladle_bin() -> Path:
-    if os.environ.get("LADLE_BIN"):
-        return Path(os.environ["LADLE_BIN"])
-    for p in (REPO / "target/release/ladle", REPO / "target/debug/ladle"):
-        if p.exists():
-            return p
-    raise SystemExit("build ladle first: cargo build --release -p ladle")
 
 
 def register(torch, batch) -> dict:
@@ -78,33 +65,9 @@ def main() -> None:
         raise SystemExit("no CUDA device visible to torch")
     device = torch.device(args.device)
     torch.cuda.set_device(device)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        dataset = args.dataset
-        if dataset is None:
-            dataset = str(tmp / "data")
-            subprocess.run(
-                [ladle_bin(), "dataset", "generate", "--format", "imagefolder", "--count", "1000",
-                 "--out", dataset],
-                check=True, stdout=subprocess.DEVNULL,
-            )
-        sock = tmp / "p.sock"
-        serve = subprocess.Popen(
-            [ladle_bin(), "serve", "--dataset", dataset, "--socket", sock,
-             "--ring-mib", str(args.ring_mib)],
-            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"),
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not sock.exists():
-                if serve.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"ladle serve did not start: {(tmp / 'serve.log').read_text()}")
-                time.sleep(0.05)
-            consumer = ladle.Consumer(sock, args.batch_size, max_batches_held=2)
-            results = run(torch, device, consumer, args)
-        finally:
-            serve.terminate()
-            serve.wait(timeout=30)
+    with serving(args.dataset, args.ring_mib) as sock:
+        consumer = ladle.Consumer(sock, args.batch_size, max_batches_held=2)
+        results = run(torch, device, consumer, args)
     out = json.dumps(results, indent=2)
     print(out)
     if args.json:

@@ -58,6 +58,8 @@ import time
 import traceback
 from pathlib import Path
 
+from _common import run_to_files
+
 SECTIONS = ["nvml", "mps_limit", "mps_adopt", "submit", "oom"]
 MIB = 1 << 20
 TAIL = 4000
@@ -224,6 +226,20 @@ def read_tail(path, n=TAIL):
 
 def now():
     return time.time()
+
+
+def note_error(res, errors, e):
+    """Records a section's CheckError: its message among the errors, its stderr's tail."""
+    errors.append(str(e))
+    if e.stderr:
+        res["stderr"] = tail(e.stderr)
+
+
+def conclude(res, errors):
+    """A section's verdict: ok without errors, else every error in one line."""
+    res["ok"] = not errors
+    if errors:
+        res["error"] = "; ".join(errors)
 
 
 def fmt_exc(e):
@@ -482,40 +498,8 @@ class Ctx:
         timeout = self.budget(timeout)
         rec = {"cmd": " ".join(shlex.quote(str(c)) for c in cmd)}
         t = time.monotonic()
-        try:
-            with open(out_p, "wb") as out, open(err_p, "wb") as err:
-                p = subprocess.Popen(
-                    [str(c) for c in cmd],
-                    stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                    stdout=out, stderr=err, env=env if env is not None else self.base_env,
-                    cwd=cwd, start_new_session=True)
-        except OSError as e:
-            rec.update(rc=None, error=f"cannot run: {fmt_exc(e)}", stdout="", stderr="")
-            return rec
-        try:
-            if input_text is not None:
-                try:
-                    p.stdin.write(input_text.encode())
-                    p.stdin.close()
-                except OSError:
-                    pass
-            rc = p.wait(timeout=timeout)
-            rec["rc"] = rc
-        except subprocess.TimeoutExpired:
-            self._killpg(p.pid, signal.SIGKILL)
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            rec["rc"] = None
-            rec["timed_out"] = True
-            rec["error"] = f"timed out after {timeout:.0f} s"
-        finally:
-            if p.stdin and not p.stdin.closed:
-                try:
-                    p.stdin.close()
-                except OSError:
-                    pass
+        rec.update(run_to_files(cmd, out_p, err_p, timeout=timeout, cwd=cwd, input_text=input_text,
+                                env=env if env is not None else self.base_env))
         rec["seconds"] = round(time.monotonic() - t, 2)
         rec["stdout"] = read_tail(out_p, 200_000)
         rec["stderr"] = read_tail(err_p)
@@ -1146,9 +1130,7 @@ def section_nvml(ctx, res):
             view["helper_stop"] = ctx.release_clients([helper])
         if sched is not None:
             view["scheduler_stop"] = ctx.stop_scheduler(sched, log)
-    res["ok"] = not errors
-    if errors:
-        res["error"] = "; ".join(errors)
+    conclude(res, errors)
 
 
 def _client_env(ctx, pipe, log, uuid, limit):
@@ -1239,9 +1221,7 @@ def section_mps_limit(ctx, res):
         clients = []
         res["forms_that_limit"] = [k for k, v in res["forms"].items() if v["limit_worked"]]
     except CheckError as e:
-        errors.append(str(e))
-        if e.stderr:
-            res["stderr"] = tail(e.stderr)
+        note_error(res, errors, e)
     finally:
         if clients:
             res["clients_stop_on_error"] = ctx.release_clients(clients)
@@ -1251,9 +1231,7 @@ def section_mps_limit(ctx, res):
             if not q["control_daemon_gone"]:
                 errors.append("the MPS control daemon did not go away after `quit`")
                 res["killed_after_quit"] = ctx.mps_kill(pipe)
-    res["ok"] = not errors
-    if errors:
-        res["error"] = "; ".join(errors)
+    conclude(res, errors)
 
 
 def section_mps_adopt(ctx, res):
@@ -1304,9 +1282,7 @@ def section_mps_adopt(ctx, res):
         if not second["log_says_adopted"]:
             errors.append("the scheduler did not log that it adopted the running MPS daemon")
     except CheckError as e:
-        errors.append(str(e))
-        if e.stderr:
-            res["stderr"] = tail(e.stderr)
+        note_error(res, errors, e)
     finally:
         if sched is not None:
             res["scheduler_stop_on_error"] = ctx.stop_scheduler(sched, slog)
@@ -1316,9 +1292,7 @@ def section_mps_adopt(ctx, res):
             if not q["control_daemon_gone"]:
                 res["killed_after_quit"] = ctx.mps_kill(pipe)
                 errors.append("the MPS control daemon did not go away after `quit`")
-    res["ok"] = not errors
-    if errors:
-        res["error"] = "; ".join(errors)
+    conclude(res, errors)
 
 
 def read_journal(state):
@@ -1589,15 +1563,11 @@ def section_submit(ctx, res):
                     errors.append(f"job {j['id']}: " + "; ".join(j["env_problems"]))
         res["peak_seen_by_ladle_for_every_job"] = all(j["peak_mib_observed_by_ladle"] for j in jobs)
     except CheckError as e:
-        errors.append(str(e))
-        if e.stderr:
-            res["stderr"] = tail(e.stderr)
+        note_error(res, errors, e)
     finally:
         if sched is not None:
             res["scheduler_stop"] = ctx.stop_scheduler(sched, slog)
-    res["ok"] = not errors
-    if errors:
-        res["error"] = "; ".join(errors)
+    conclude(res, errors)
 
 
 def section_oom(ctx, res):
@@ -1643,15 +1613,11 @@ def section_oom(ctx, res):
             errors.append(f"after the OOM retry the job ended {j['state']}: {j['reason']}")
             res["stderr"] = (att[-1] if att else {}).get("stderr_tail")
     except CheckError as e:
-        errors.append(str(e))
-        if e.stderr:
-            res["stderr"] = tail(e.stderr)
+        note_error(res, errors, e)
     finally:
         if sched is not None:
             res["scheduler_stop"] = ctx.stop_scheduler(sched, slog)
-    res["ok"] = not errors
-    if errors:
-        res["error"] = "; ".join(errors)
+    conclude(res, errors)
 
 
 SECTION_FNS = {"nvml": section_nvml, "mps_limit": section_mps_limit, "mps_adopt": section_mps_adopt,

@@ -33,26 +33,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import ladle
+from _common import serving
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ladle_bin() -> str:
-    if os.environ.get("LADLE_BIN"):
-        return os.environ["LADLE_BIN"]
-    for p in (REPO / "target/release/ladle", REPO / "target/debug/ladle"):
-        if p.exists():
-            return str(p)
-    raise SystemExit("build ladle first (cargo build --release -p ladle) or set LADLE_BIN")
 
 
 def median_ms(times: list[float]) -> float:
@@ -88,26 +76,9 @@ def main() -> None:
         raise SystemExit("no CUDA device visible to torch")
     device = torch.device("cuda:0")
     torch.cuda.set_device(device)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        sock = tmp / "p.sock"
-        log = open(tmp / "serve.log", "w")
-        serve = subprocess.Popen(
-            [ladle_bin(), "serve", "--dataset", args.dataset, "--socket", str(sock),
-             "--ring-mib", str(args.ring_mib)],
-            stdout=subprocess.DEVNULL, stderr=log,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not sock.exists():
-                if serve.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"ladle serve did not start: {(tmp / 'serve.log').read_text()}")
-                time.sleep(0.05)
-            consumer = ladle.Consumer(sock, args.batch_size, max_batches_held=4)
-            results = run(torch, device, consumer, args)
-        finally:
-            serve.terminate()
-            serve.wait(timeout=30)
+    with serving(args.dataset, args.ring_mib) as sock:
+        consumer = ladle.Consumer(sock, args.batch_size, max_batches_held=4)
+        results = run(torch, device, consumer, args)
     out = json.dumps(results, indent=2)
     print(out)
     if args.json:
