@@ -424,7 +424,7 @@ fn serve(conn: UnixStream, shared: &Shared, socket: &Path) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
     let response = match sys::peer_uid(&conn) {
-        Ok(uid) if uid == sys::my_uid() => match protocol::read_frame::<Request>(&conn, socket) {
+        Ok(uid) if uid == sys::my_uid() => match protocol::read_request(&conn, socket) {
             Ok(request) => {
                 let response = shared.lock().handle(request);
                 shared.wake.notify_all();
@@ -1084,7 +1084,8 @@ impl State {
             for &g in &run.gpus {
                 if let Some(s) = states.get_mut(g) {
                     s.jobs += 1;
-                    s.reserved_mib += job.estimate_mib;
+                    // Saturating: a journal from before sizes were bounded may hold any u64.
+                    s.reserved_mib = s.reserved_mib.saturating_add(job.estimate_mib);
                     s.exclusive_job |= job.exclusive;
                     s.feeds.extend(job.spec.feed.clone());
                 }
@@ -1225,7 +1226,8 @@ fn memory_by_group(
         let mut on_gpu: HashMap<u32, u64> = HashMap::new();
         for p in processes {
             if let Some(pgid) = group_of(p.pid) {
-                *on_gpu.entry(pgid).or_default() += p.used_mib;
+                let sum = on_gpu.entry(pgid).or_default();
+                *sum = sum.saturating_add(p.used_mib);
             }
         }
         for (pgid, mib) in on_gpu {
@@ -1481,5 +1483,32 @@ mod tests {
         assert_eq!(state(5).state, JobState::Succeeded);
         // Only 1 (requeued at the head) and 5 (queued) ran in this daemon, in that order.
         assert_eq!(std::fs::read_to_string(&ran).unwrap(), "1\n5\n");
+    }
+
+    #[test]
+    fn a_submit_over_the_socket_stating_u64_max_mib_is_refused_and_nothing_is_queued() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sched");
+        let (stop, handle) = start(&dir);
+        let mut absurd = spec("true");
+        absurd.gpu_mem_mib = Some(u64::MAX);
+        let answer = protocol::request(
+            &socket_path(&dir),
+            &Request::Submit(absurd),
+            Duration::from_secs(30),
+        );
+        let queued = jobs(&dir);
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap().unwrap();
+        match answer {
+            Ok(Response::Error { message }) => {
+                assert!(
+                    message.contains("gpu_mem_mib") && message.contains("16 TiB"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(queued.is_empty(), "{queued:?}");
     }
 }

@@ -36,6 +36,12 @@
 //!
 //! A job that crashed out of memory comes back flagged [`Pending::exclusive`]: it waits
 //! for idle GPUs under every policy.
+//!
+//! Memory arithmetic saturates: an estimate of any size (up to `u64::MAX`) fails the memory
+//! screen of every busy GPU and fills a GPU's reservations, and never wraps around into a
+//! small number. (The daemon's socket refuses sizes above [`crate::units::MAX_MIB`] before
+//! they get here; the engine does not rely on that.) The idle-GPU rule screens no memory:
+//! a job alone on its GPUs may use all of them, whatever it estimated.
 
 use std::collections::BTreeSet;
 
@@ -452,7 +458,8 @@ impl Admission {
         if now < g.locked_until {
             return false;
         }
-        let needed = job.estimate_mib + self.policy.margin_mib;
+        // Saturating: an estimate near u64::MAX must fail the screen, not wrap past it.
+        let needed = job.estimate_mib.saturating_add(self.policy.margin_mib);
         if self.free_mib(g).saturating_sub(self.policy.reserve_mib) < needed {
             return false;
         }
@@ -490,7 +497,7 @@ impl Admission {
         for &i in &placement.gpus {
             let g = &mut gpus[i];
             g.jobs += 1;
-            g.reserved_mib += job.estimate_mib;
+            g.reserved_mib = g.reserved_mib.saturating_add(job.estimate_mib);
             g.exclusive_job |= placement.exclusive;
             g.locked_until = g.locked_until.max(now + self.policy.settle_s);
             if let Some(feed) = &job.feed {
@@ -800,6 +807,57 @@ mod tests {
         assert!(admit("carma-most-free", std::slice::from_ref(&wide), &mut g).is_empty());
         let placed = admit("carma-most-free", &[wide], &mut gpus(2));
         assert_eq!(placed[0].gpus, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_job_estimating_u64_max_mib_is_never_placed_on_a_busy_gpu_by_any_policy() {
+        let absurd = Pending {
+            estimate_mib: u64::MAX,
+            ..job(9, 0)
+        };
+        for name in Policy::NAMES {
+            let mut g = gpus(2);
+            busy(&mut g[0], 4, 0.1);
+            busy(&mut g[1], 8, 0.1);
+            let before = g.clone();
+            let placed = admit(name, std::slice::from_ref(&absurd), &mut g);
+            assert!(placed.is_empty(), "{name}: {placed:?}");
+            assert_eq!(g, before, "{name}: nothing was reserved");
+        }
+    }
+
+    #[test]
+    fn reservations_saturate_instead_of_wrapping() {
+        // Alone on an idle GPU a job may use all of it, whatever it estimated; its
+        // reservation then fills the GPU and nobody joins it.
+        let mut g = gpus(1);
+        let absurd = Pending {
+            estimate_mib: u64::MAX,
+            ..job(1, 0)
+        };
+        let mut engine = Admission::new(Policy::named("ladle").unwrap());
+        assert_eq!(
+            engine
+                .admit(0.0, std::slice::from_ref(&absurd), &mut g)
+                .len(),
+            1
+        );
+        assert_eq!(g[0].reserved_mib, u64::MAX);
+        assert!(engine.admit(1000.0, &[job(2, 1)], &mut g).is_empty());
+        // A second huge reservation on the same GPU stays at the ceiling.
+        let mut g = gpus(1);
+        g[0].reserved_mib = u64::MAX - 1;
+        engine.apply(0.0, &absurd, &placement(1, 0), &mut g);
+        assert_eq!(g[0].reserved_mib, u64::MAX);
+    }
+
+    fn placement(job: u64, gpu: usize) -> Placement {
+        Placement {
+            job,
+            gpus: vec![gpu],
+            exclusive: false,
+            mem_limit_mib: None,
+        }
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //! JSON. Anything else (garbage, a wrong version, an oversize line, a slow client) gets an
 //! [`Response::Error`] and the connection is closed; the daemon carries on.
 //!
+//! The daemon reads requests with [`read_request`], which also checks what a well-formed
+//! request asks for ([`Request::validate`]): a submit stating more than
+//! [`MAX_MIB`] (16 TiB) of device memory per GPU is refused with
+//! [`RequestError::GpuMemoryOutOfRange`], so no absurd size reaches admission's arithmetic.
+//!
 //! ```text
 //! → {"v":1,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
 //! ← {"v":1,"status":"submitted","id":7,"estimate_mib":6144}
@@ -17,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::{JobId, JobSpec, JobState};
 use crate::telemetry::GpuInfo;
+use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
 pub const VERSION: u32 = 1;
@@ -42,6 +48,37 @@ pub enum Request {
     Logs {
         /// Job id.
         id: JobId,
+    },
+}
+
+impl Request {
+    /// Checks what a well-formed request asks for.
+    ///
+    /// # Errors
+    /// [`RequestError::GpuMemoryOutOfRange`] for a submit stating more than
+    /// [`MAX_MIB`] of device memory per GPU.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        match self {
+            Self::Submit(JobSpec {
+                gpu_mem_mib: Some(mib),
+                ..
+            }) if *mib > MAX_MIB => Err(RequestError::GpuMemoryOutOfRange { mib: *mib }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A well-formed request that asks for something no scheduler can give.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// A submit states more device memory per GPU than [`MAX_MIB`] (16 TiB).
+    #[error(
+        "gpu_mem_mib {mib} is out of range: a job may state at most {MAX_MIB} MiB (16 TiB) per GPU"
+    )]
+    GpuMemoryOutOfRange {
+        /// The memory stated, MiB.
+        mib: u64,
     },
 }
 
@@ -173,6 +210,9 @@ pub enum ProtocolError {
     /// The connection closed before a full line.
     #[error("connection closed before a complete frame")]
     Closed,
+    /// The request is well formed but asks for something impossible.
+    #[error("invalid request: {0}")]
+    Invalid(#[from] RequestError),
 }
 
 /// Reads one frame (a line) of at most [`MAX_FRAME`] bytes.
@@ -206,6 +246,18 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
     let frame: Frame<T> =
         serde_json::from_value(value).map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
     Ok(frame.body)
+}
+
+/// Reads one request frame ([`read_frame`]) and checks it ([`Request::validate`]): what the
+/// daemon does with every connection.
+///
+/// # Errors
+/// [`ProtocolError`] as [`read_frame`], and [`ProtocolError::Invalid`] for a request that
+/// fails [`Request::validate`].
+pub fn read_request(reader: impl Read, path: &Path) -> Result<Request, ProtocolError> {
+    let request: Request = read_frame(reader, path)?;
+    request.validate()?;
+    Ok(request)
 }
 
 /// Writes one frame.
@@ -287,5 +339,34 @@ mod tests {
             read_frame::<Request>(&big[..], p),
             Err(ProtocolError::Oversize)
         ));
+    }
+
+    fn submit_frame(gpu_mem_mib: u64) -> String {
+        format!(
+            "{{\"v\":1,\"op\":\"submit\",\"command\":[\"true\"],\"cwd\":\"/\",\
+             \"gpu_mem_mib\":{gpu_mem_mib},\"gpus\":1,\"feed\":null,\"thread_percentage\":null}}\n"
+        )
+    }
+
+    #[test]
+    fn a_submit_stating_more_than_16_tebibytes_per_gpu_is_refused_with_a_typed_error() {
+        let p = Path::new("x");
+        let absurd = submit_frame(u64::MAX);
+        match read_request(absurd.as_bytes(), p) {
+            Err(ProtocolError::Invalid(RequestError::GpuMemoryOutOfRange { mib })) => {
+                assert_eq!(mib, u64::MAX);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = read_request(submit_frame(MAX_MIB + 1).as_bytes(), p).unwrap_err();
+        assert!(
+            e.to_string().contains("gpu_mem_mib") && e.to_string().contains("16 TiB"),
+            "{e}"
+        );
+        let Request::Submit(spec) = read_request(submit_frame(MAX_MIB).as_bytes(), p).unwrap()
+        else {
+            panic!("not a submit");
+        };
+        assert_eq!(spec.gpu_mem_mib, Some(MAX_MIB));
     }
 }

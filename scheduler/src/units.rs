@@ -1,6 +1,13 @@
 //! Memory sizes as people type them (`6GiB`, `512MiB`, `40GB`) and as the scheduler counts
 //! them (whole MiB).
 
+/// The largest memory size ladle accepts anywhere, MiB: 16 TiB. Far above any GPU's memory
+/// (80–141 GiB today) and far below the point where sums of sizes could overflow `u64`, so a
+/// size that passes this bound is a plausible one. [`parse_mib`], the scheduler's socket
+/// ([`crate::protocol::Request::validate`]) and trace files ([`crate::sim::trace`]) all
+/// refuse larger sizes.
+pub const MAX_MIB: u64 = 16 << 20;
+
 /// A size that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -21,15 +28,16 @@ pub enum SizeError {
         /// The whole text.
         text: String,
     },
-    /// The size is negative, not finite, or too large.
-    #[error("memory size {text:?} is out of range")]
+    /// The size is negative, not finite, or above [`MAX_MIB`].
+    #[error("memory size {text:?} is out of range (at most 16TiB)")]
     OutOfRange {
         /// What was given.
         text: String,
     },
 }
 
-/// Parses a memory size into MiB, rounding up to a whole MiB. A bare number is MiB.
+/// Parses a memory size into MiB, rounding up to a whole MiB, at most [`MAX_MIB`]. A bare
+/// number is MiB.
 /// Binary units (`KiB`, `MiB`, `GiB`, `TiB`, and the short `K`, `M`, `G`, `T`) are powers of
 /// 1024; decimal units (`KB`, `MB`, `GB`, `TB`) powers of 1000.
 ///
@@ -67,7 +75,7 @@ pub fn parse_mib(text: &str) -> Result<u64, SizeError> {
         }
     };
     let mib = (value * bytes_per_unit / (1u64 << 20) as f64).ceil();
-    if !mib.is_finite() || !(0.0..1e12).contains(&mib) {
+    if !mib.is_finite() || !(0.0..=MAX_MIB as f64).contains(&mib) {
         return Err(SizeError::OutOfRange {
             text: text.to_owned(),
         });
@@ -112,6 +120,19 @@ mod tests {
         ));
         assert!(matches!(
             parse_mib("99999999999999999T"),
+            Err(SizeError::OutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn sizes_up_to_16_tebibytes_parse_and_larger_ones_are_out_of_range() {
+        assert_eq!(parse_mib("16TiB"), Ok(MAX_MIB));
+        assert!(matches!(
+            parse_mib("16385GiB"),
+            Err(SizeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            parse_mib("18446744073709551615"),
             Err(SizeError::OutOfRange { .. })
         ));
     }

@@ -74,11 +74,12 @@ impl SimGpus {
             .map_or(0.0, |l| l.values().map(|x| x.sm).sum())
     }
 
-    /// Summed memory on GPU `gpu`, MiB (may exceed the total).
+    /// Summed memory on GPU `gpu`, MiB (may exceed the total; saturates at `u64::MAX`).
     pub fn memory_mib(&self, gpu: usize) -> u64 {
-        self.loads
-            .get(gpu)
-            .map_or(0, |l| l.values().map(|x| x.mem_mib).sum())
+        self.loads.get(gpu).map_or(0, |l| {
+            l.values()
+                .fold(0u64, |sum, x| sum.saturating_add(x.mem_mib))
+        })
     }
 
     /// Jobs on GPU `gpu`.
@@ -152,5 +153,19 @@ mod tests {
         sim.remove(1);
         assert_eq!(sim.jobs(0), 1);
         assert_eq!(sim.sample(0).unwrap().memory_used_mib, 600);
+    }
+
+    #[test]
+    fn summed_memory_saturates_instead_of_overflowing() {
+        let mut sim = SimGpus::new(1, 1000);
+        for key in 1..=2 {
+            let load = SimLoad {
+                mem_mib: u64::MAX,
+                sm: 0.1,
+            };
+            sim.place(0, key, load);
+        }
+        assert_eq!(sim.memory_mib(0), u64::MAX);
+        assert_eq!(sim.sample(0).unwrap().memory_used_mib, 1000);
     }
 }
