@@ -6,6 +6,16 @@
 //!   second (the daemon's 1 Hz) that samples the simulated GPUs into 30-sample windows.
 //!   Admission runs after every event, as the daemon's loop does after a submit, a job's
 //!   end, or a tick.
+//! - **Quiet stretches are skipped**: once [`WINDOW`] ticks in a row changed nothing (no
+//!   arrival, end or placement), the windows hold thirty copies of the same sample and
+//!   admission has refused the same queue on the same GPUs, so every further tick would do
+//!   the same. The clock then jumps to the first tick at or after the next arrival, end,
+//!   crash or settle-lock expiry, with the result of ticking through (to rounding). The
+//!   work is therefore proportional to the events, not to the simulated seconds: a job of
+//!   10⁹ s costs what a job of 100 s does. A queue that can never start is reported
+//!   ([`SimError::Stalled`]) instead of ticked on forever.
+//! - **Inputs are bounded** (see [`trace`]'s bounds, checked again here, and
+//!   [`SimConfig`]'s), so the `f64` clock always resolves a tick.
 //! - **Interference**: on a GPU whose jobs' summed SM demand is `D` with `n` jobs, each job
 //!   progresses at `1 / (max(1, D) · (1 + c·(n − 1)))` of its solo speed: jobs share the SMs
 //!   fairly once they oversubscribe them, and every co-runner costs [`SimConfig::contention`]
@@ -37,10 +47,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::{Admission, GpuState, Pending, Placement, Policy};
 use crate::telemetry::{GpuWindows, SimGpus, SimLoad, Telemetry};
+use crate::window::WINDOW;
 
-use self::trace::TraceJob;
+use self::trace::{JobError, MAX_DURATION_S, TraceJob};
 
-/// The simulated machine and the model's constants.
+/// The simulated machine and the model's constants. [`simulate`] refuses values out of
+/// range ([`SimError::BadSetting`]): the times must be finite and at most
+/// [`trace::MAX_DURATION_S`] (`tick_s` at least [`MIN_TICK_S`]), `contention`, the powers
+/// and `estimate_scale` finite and not negative (`estimate_scale` above 0), as must the
+/// policy's `settle_s`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
     /// GPUs.
@@ -115,10 +130,24 @@ pub struct JobOutcome {
     pub oom_crashes: u32,
 }
 
+/// Shortest telemetry period the simulator takes, s.
+pub const MIN_TICK_S: f64 = 1e-3;
+
 /// A trace the simulator cannot replay.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimError {
+    /// A job of the trace has a value out of range.
+    #[error(transparent)]
+    BadJob(#[from] JobError),
+    /// A setting of the simulator or the policy is out of range (see [`SimConfig`]).
+    #[error("simulator setting {name} = {value:?} is out of range")]
+    BadSetting {
+        /// The setting.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
     /// A job needs more GPUs than the machine has.
     #[error("job {job} needs {needs} GPUs; the simulated machine has {have}")]
     TooWide {
@@ -132,7 +161,8 @@ pub enum SimError {
     /// No GPUs, or GPUs without memory.
     #[error("the simulated machine needs at least one GPU with memory")]
     NoGpus,
-    /// Queued jobs that can never start (a bug in a policy, reported rather than looped on).
+    /// Queued jobs that can never start (a policy that refuses an empty machine, reported
+    /// rather than looped on).
     #[error("{queued} jobs can never start under policy {policy}")]
     Stalled {
         /// Policy name.
@@ -183,9 +213,71 @@ pub fn simulate_jobs(
     policy: Policy,
     config: &SimConfig,
 ) -> Result<(SimReport, Vec<JobOutcome>), SimError> {
+    replay(trace, policy, config, Quiet::Skip).map(|(report, outcomes, _steps)| (report, outcomes))
+}
+
+/// Ticks in a row that changed nothing, after a step that `changed` the machine or the
+/// queue (an arrival, an end, a placement) or not, and `ticked` or not.
+fn quiet_after(quiet_ticks: usize, changed: bool, ticked: bool) -> usize {
+    match (changed, ticked) {
+        (true, _) => 0,
+        (false, true) => quiet_ticks.saturating_add(1),
+        (false, false) => quiet_ticks,
+    }
+}
+
+/// Checks the settings the event loop's termination depends on.
+fn check_settings(policy: &Policy, config: &SimConfig) -> Result<(), SimError> {
+    let time = |x: f64, min: f64| x.is_finite() && (min..=MAX_DURATION_S).contains(&x);
+    let amount = |x: f64| x.is_finite() && x >= 0.0;
+    let settings = [
+        ("tick_s", config.tick_s, time(config.tick_s, MIN_TICK_S)),
+        (
+            "oom_after_s",
+            config.oom_after_s,
+            time(config.oom_after_s, 0.0),
+        ),
+        ("settle_s", policy.settle_s, time(policy.settle_s, 0.0)),
+        ("contention", config.contention, amount(config.contention)),
+        ("idle_w", config.idle_w, amount(config.idle_w)),
+        ("max_w", config.max_w, amount(config.max_w)),
+        (
+            "estimate_scale",
+            config.estimate_scale,
+            amount(config.estimate_scale) && config.estimate_scale > 0.0,
+        ),
+    ];
+    match settings.into_iter().find(|&(_, _, ok)| !ok) {
+        Some((name, value, _)) => Err(SimError::BadSetting { name, value }),
+        None => Ok(()),
+    }
+}
+
+/// What the event loop does with a quiet stretch (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quiet {
+    /// Jump over it.
+    Skip,
+    /// Tick through it, second by second (the tests' reference; a queue that can never
+    /// start then ticks on forever).
+    #[cfg(test)]
+    TickThrough,
+}
+
+/// [`simulate_jobs`], also returning how many steps the event loop took.
+fn replay(
+    trace: &[TraceJob],
+    policy: Policy,
+    config: &SimConfig,
+    quiet: Quiet,
+) -> Result<(SimReport, Vec<JobOutcome>, u64), SimError> {
     if config.gpus == 0 || config.gpu_mem_mib == 0 {
         return Err(SimError::NoGpus);
     }
+    for job in trace {
+        job.validate()?;
+    }
+    check_settings(&policy, config)?;
     if let Some(j) = trace.iter().find(|j| j.gpus as usize > config.gpus) {
         return Err(SimError::TooWide {
             job: j.id.clone(),
@@ -201,7 +293,13 @@ pub fn simulate_jobs(
     let mut arrivals: VecDeque<usize> = order.into();
     let start = arrivals.front().map_or(0.0, |&j| trace[j].submit_s);
     let mut t = start;
+    // Ticks fall on `start + k · tick_s`; `ticks` is the k of the next one.
+    let tick_at = |k: u64| start + k as f64 * config.tick_s;
+    let mut ticks: u64 = 0;
     let mut next_tick = start;
+    // Ticks in a row that changed nothing (see the module docs).
+    let mut quiet_ticks = 0usize;
+    let mut steps: u64 = 0;
     let mut sim = SimGpus::new(config.gpus, config.gpu_mem_mib);
     let mut windows = vec![GpuWindows::default(); config.gpus];
     let mut locked_until = vec![f64::NEG_INFINITY; config.gpus];
@@ -224,6 +322,7 @@ pub fn simulate_jobs(
     let mut end = start;
 
     loop {
+        steps += 1;
         // Speeds under the interference model.
         let speed_of_gpu: Vec<f64> = (0..config.gpus)
             .map(|g| {
@@ -252,24 +351,49 @@ pub fn simulate_jobs(
         let next_arrival = arrivals
             .front()
             .map_or(f64::INFINITY, |&j| trace[j].submit_s);
-        if running.is_empty() && arrivals.is_empty() {
-            if queue.is_empty() {
-                break;
-            }
-            if next_tick > t + 120.0 {
-                // Two minutes of ticks on an empty machine placed nothing: it never will.
+        if running.is_empty() && arrivals.is_empty() && queue.is_empty() {
+            break;
+        }
+        if quiet == Quiet::Skip && quiet_ticks >= WINDOW {
+            // Nothing changes before the next event or settle-lock expiry: skip to the first
+            // tick at or after it.
+            let next_unlock = locked_until
+                .iter()
+                .copied()
+                .filter(|&l| l > t)
+                .fold(f64::INFINITY, f64::min);
+            let until = next_finish
+                .min(next_crash)
+                .min(next_arrival)
+                .min(next_unlock);
+            if until == f64::INFINITY {
+                // No job runs or arrives, no lock expires, and the queue was refused: it
+                // always will be.
                 return Err(SimError::Stalled {
                     policy: policy_name,
                     queued: queue.len(),
                 });
             }
+            // Saturating cast; bounded inputs keep it far below u64::MAX.
+            ticks = ticks.max(((until - start) / config.tick_s).ceil() as u64);
+            next_tick = tick_at(ticks);
         }
-        let next = next_finish.min(next_crash).min(next_arrival).min(next_tick);
+        // Never backwards, even where rounding puts a tick a hair before `t`.
+        let next = next_finish
+            .min(next_crash)
+            .min(next_arrival)
+            .min(next_tick)
+            .max(t);
 
         // Advance to `next`.
         let dt = next - t;
         for (r, s) in running.iter_mut().zip(&speeds) {
             r.remaining -= s * dt;
+            // A remainder the clock can no longer step to (its finish rounds to `next`) is
+            // done: left alone it would make steps of zero, forever.
+            if next + r.remaining / s <= next {
+                r.remaining = 0.0;
+            }
         }
         for g in 0..config.gpus {
             let util = sim.demand(g).min(1.0);
@@ -277,6 +401,7 @@ pub fn simulate_jobs(
             energy_j += (config.idle_w + (config.max_w - config.idle_w) * util) * dt;
         }
         t = next;
+        let mut changed = false;
 
         // Crashes, then completions.
         let mut i = 0;
@@ -291,6 +416,7 @@ pub fn simulate_jobs(
             let r = running.swap_remove(i);
             sim.remove(r.queued.job as u64);
             end = t;
+            changed = true;
             if done {
                 finished_at[r.queued.job] = Some(t);
                 continue;
@@ -321,6 +447,7 @@ pub fn simulate_jobs(
                 break;
             }
             arrivals.pop_front();
+            changed = true;
             queue.push_back(Queued {
                 job: j,
                 estimate_mib: (trace[j].mem_mib as f64 * config.estimate_scale).ceil() as u64,
@@ -330,17 +457,20 @@ pub fn simulate_jobs(
         }
 
         // Telemetry.
-        if t + EPS >= next_tick {
+        let ticked = t + EPS >= next_tick;
+        if ticked {
             for (g, w) in windows.iter_mut().enumerate() {
                 if let Ok(sample) = sim.sample(g) {
                     w.push(sample);
                 }
             }
-            next_tick += config.tick_s;
+            ticks = ticks.saturating_add(1);
+            next_tick = tick_at(ticks);
         }
 
         // Admission.
         if queue.is_empty() {
+            quiet_ticks = quiet_after(quiet_ticks, changed, ticked);
             continue;
         }
         let mut states: Vec<GpuState> = sim
@@ -357,7 +487,7 @@ pub fn simulate_jobs(
             for &g in &r.gpus {
                 let s = &mut states[g];
                 s.jobs += 1;
-                s.reserved_mib += r.queued.estimate_mib;
+                s.reserved_mib = s.reserved_mib.saturating_add(r.queued.estimate_mib);
                 s.exclusive_job |= r.queued.exclusive;
                 if let Some(feed) = &trace[r.queued.job].feed {
                     s.feeds.push(feed.clone());
@@ -378,6 +508,8 @@ pub fn simulate_jobs(
         for (g, s) in states.iter().enumerate() {
             locked_until[g] = s.locked_until;
         }
+        changed |= !placements.is_empty();
+        quiet_ticks = quiet_after(quiet_ticks, changed, ticked);
         for Placement {
             job,
             gpus,
@@ -442,7 +574,7 @@ pub fn simulate_jobs(
         failed_jobs,
         jobs: trace.len(),
     };
-    Ok((report, outcomes))
+    Ok((report, outcomes, steps))
 }
 
 #[cfg(test)]
@@ -613,5 +745,177 @@ mod tests {
             ),
             Err(SimError::TooWide { .. })
         ));
+    }
+
+    /// Runs `f` on a thread and fails the test if it has not returned within two minutes:
+    /// a watchdog for an event loop that spins, not a measure of speed.
+    fn unless_it_spins<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(x) => x,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("the simulation did not end in two minutes: its event loop spins")
+            }
+            Err(e) => panic!("the simulation panicked: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_submit_time_of_1e300_is_refused_before_the_event_loop_starts() {
+        let trace = vec![
+            job("a", 0.0, 100.0, 1000, 0.5),
+            job("far", 1e300, 100.0, 1000, 0.5),
+        ];
+        let result = unless_it_spins(move || {
+            simulate(
+                &trace,
+                Policy::named("ladle").unwrap(),
+                &SimConfig::default(),
+            )
+        });
+        match result {
+            Err(SimError::BadJob(JobError::SubmitOutOfRange { job, value })) => {
+                assert_eq!((job.as_str(), value), ("far", 1e300));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_job_of_a_billion_seconds_takes_as_few_steps_as_a_job_of_a_hundred() {
+        let steps = |duration_s: f64| {
+            let trace = vec![
+                job("long", 0.0, duration_s, 1000, 0.5),
+                job("late", 50.0, 100.0, 39 * 1024, 0.5),
+            ];
+            unless_it_spins(move || {
+                let config = SimConfig {
+                    gpus: 1,
+                    ..SimConfig::default()
+                };
+                let (report, outcomes, steps) = replay(
+                    &trace,
+                    Policy::named("ladle").unwrap(),
+                    &config,
+                    Quiet::Skip,
+                )
+                .unwrap();
+                // `late` cannot join (39 GiB): it waits for `long` to end.
+                assert_eq!(outcomes[1].start_s, outcomes[0].finish_s);
+                assert!((report.makespan_s - (duration_s + 100.0)).abs() < 1e-3);
+                steps
+            })
+        };
+        let short = steps(100.0);
+        for duration_s in [1e6, MAX_DURATION_S] {
+            let long = steps(duration_s);
+            assert!(
+                long <= short + 2 * WINDOW as u64,
+                "{duration_s} s: {long} steps, 100 s: {short} steps"
+            );
+        }
+    }
+
+    #[test]
+    fn skipping_quiet_stretches_gives_the_results_of_ticking_through_them() {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(1.0);
+        let same_time = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => close(a, b),
+            (a, b) => a == b,
+        };
+        for (seed, mean_gap_s, estimate_scale) in [(1, 60.0, 1.0), (2, 600.0, 0.5), (3, 5.0, 0.7)] {
+            let trace = generate(&GenerateConfig {
+                jobs: 40,
+                seed,
+                mean_gap_s,
+            });
+            let config = SimConfig {
+                estimate_scale,
+                ..SimConfig::default()
+            };
+            for name in Policy::NAMES {
+                let policy = || Policy::named(name).unwrap();
+                let (fast, fast_jobs, fast_steps) =
+                    replay(&trace, policy(), &config, Quiet::Skip).unwrap();
+                let (slow, slow_jobs, slow_steps) =
+                    replay(&trace, policy(), &config, Quiet::TickThrough).unwrap();
+                let what = format!("seed {seed}, {name}");
+                assert!(
+                    fast_steps < slow_steps,
+                    "{what}: {fast_steps} vs {slow_steps}"
+                );
+                assert_eq!(
+                    (fast.oom_crashes, fast.failed_jobs),
+                    (slow.oom_crashes, slow.failed_jobs),
+                    "{what}"
+                );
+                for (a, b) in [
+                    (fast.makespan_s, slow.makespan_s),
+                    (fast.mean_jct_s, slow.mean_jct_s),
+                    (fast.mean_gpu_util, slow.mean_gpu_util),
+                    (fast.energy_kwh, slow.energy_kwh),
+                ] {
+                    assert!(close(a, b), "{what}: {fast:?} vs {slow:?}");
+                }
+                for (a, b) in fast_jobs.iter().zip(&slow_jobs) {
+                    assert!(
+                        same_time(a.start_s, b.start_s)
+                            && same_time(a.finish_s, b.finish_s)
+                            && (&a.gpus, a.oom_crashes) == (&b.gpus, b.oom_crashes),
+                        "{what}: {a:?} vs {b:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_queue_that_can_never_start_is_reported_not_ticked_on_forever() {
+        let trace = vec![job("a", 0.0, 10.0, 100, 0.1)];
+        let result = unless_it_spins(move || {
+            let mut policy = Policy::named("ladle").unwrap();
+            policy.max_clients = 0;
+            simulate(&trace, policy, &SimConfig::default())
+        });
+        assert!(
+            matches!(result, Err(SimError::Stalled { queued: 1, .. })),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn settings_that_would_stop_the_clock_are_refused() {
+        let trace = vec![job("a", 0.0, 10.0, 100, 0.1)];
+        let result = unless_it_spins(move || {
+            let config = SimConfig {
+                tick_s: 0.0,
+                ..SimConfig::default()
+            };
+            simulate(&trace, Policy::named("ladle").unwrap(), &config)
+        });
+        assert!(
+            matches!(result, Err(SimError::BadSetting { name: "tick_s", .. })),
+            "{result:?}"
+        );
+        let mut policy = Policy::named("ladle").unwrap();
+        policy.settle_s = f64::INFINITY;
+        let result = simulate(
+            &[job("a", 0.0, 10.0, 100, 0.1)],
+            policy,
+            &SimConfig::default(),
+        );
+        assert!(
+            matches!(
+                result,
+                Err(SimError::BadSetting {
+                    name: "settle_s",
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
     }
 }

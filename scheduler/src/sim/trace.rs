@@ -10,8 +10,33 @@
 //! - `sm_activity`: SM demand when alone, 0 – 1;
 //! - `gpus`: GPUs it needs at once;
 //! - `feed` (optional column): the producer feed it consumes.
+//!
+//! ## Bounds
+//! Every value must be finite and in range, or the trace is refused with an error naming
+//! the line and the job ([`TraceJob::validate`], which the simulator applies too):
+//!
+//! | field         | range                                            |
+//! |---------------|--------------------------------------------------|
+//! | `submit_s`    | 0 – [`MAX_SUBMIT_S`] (10⁹ s, about 32 years)     |
+//! | `duration_s`  | above 0, at most [`MAX_DURATION_S`] (10⁹ s)      |
+//! | `mem_mib`     | 0 – [`MAX_MIB`] (16 TiB)                         |
+//! | `sm_activity` | 0 – 1                                            |
+//! | `gpus`        | at least 1 (and at most the simulated machine's) |
+//!
+//! The simulator's clock is an `f64` of seconds. Bounded inputs keep it where a one-second
+//! telemetry tick and a job's last fraction of a second are still resolved (below 10¹² s its
+//! resolution is finer than a millisecond); `submit_s = 1e300` would leave a clock that
+//! cannot move by one second, and a simulation that never ends.
 
 use std::path::{Path, PathBuf};
+
+use crate::units::MAX_MIB;
+
+/// Latest arrival a trace may state, seconds from its start (about 32 years).
+pub const MAX_SUBMIT_S: f64 = 1e9;
+
+/// Longest run time a trace may state, seconds (about 32 years).
+pub const MAX_DURATION_S: f64 = 1e9;
 
 /// One job of a trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +55,93 @@ pub struct TraceJob {
     pub gpus: u32,
     /// Feed consumed, if any.
     pub feed: Option<String>,
+}
+
+impl TraceJob {
+    /// Checks the job's values against the bounds of the module docs.
+    ///
+    /// # Errors
+    /// [`JobError`] naming the job and the value out of range.
+    pub fn validate(&self) -> Result<(), JobError> {
+        let job = || self.id.clone();
+        if !(self.submit_s.is_finite() && (0.0..=MAX_SUBMIT_S).contains(&self.submit_s)) {
+            return Err(JobError::SubmitOutOfRange {
+                job: job(),
+                value: self.submit_s,
+            });
+        }
+        if !(self.duration_s.is_finite()
+            && self.duration_s > 0.0
+            && self.duration_s <= MAX_DURATION_S)
+        {
+            return Err(JobError::DurationOutOfRange {
+                job: job(),
+                value: self.duration_s,
+            });
+        }
+        if self.mem_mib > MAX_MIB {
+            return Err(JobError::MemoryOutOfRange {
+                job: job(),
+                value: self.mem_mib,
+            });
+        }
+        if !(0.0..=1.0).contains(&self.sm_activity) {
+            return Err(JobError::SmActivityOutOfRange {
+                job: job(),
+                value: self.sm_activity,
+            });
+        }
+        if self.gpus == 0 {
+            return Err(JobError::NoGpus { job: job() });
+        }
+        Ok(())
+    }
+}
+
+/// A trace job with a value out of range (see the module docs' bounds).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// `submit_s` is not finite or outside 0 – [`MAX_SUBMIT_S`].
+    #[error("job {job:?}: submit_s {value:?} is out of range (0 to {MAX_SUBMIT_S:e} s)")]
+    SubmitOutOfRange {
+        /// The job's name.
+        job: String,
+        /// The value given.
+        value: f64,
+    },
+    /// `duration_s` is not finite, not positive, or above [`MAX_DURATION_S`].
+    #[error(
+        "job {job:?}: duration_s {value:?} is out of range (above 0, at most {MAX_DURATION_S:e} s)"
+    )]
+    DurationOutOfRange {
+        /// The job's name.
+        job: String,
+        /// The value given.
+        value: f64,
+    },
+    /// `mem_mib` is above [`MAX_MIB`].
+    #[error("job {job:?}: mem_mib {value} is out of range (at most {MAX_MIB}, 16 TiB)")]
+    MemoryOutOfRange {
+        /// The job's name.
+        job: String,
+        /// The value given.
+        value: u64,
+    },
+    /// `sm_activity` is not within 0 – 1.
+    #[error("job {job:?}: sm_activity {value:?} is out of range (0 to 1)")]
+    SmActivityOutOfRange {
+        /// The job's name.
+        job: String,
+        /// The value given.
+        value: f64,
+    },
+    /// `gpus` is 0.
+    #[error("job {job:?}: gpus must be at least 1")]
+    NoGpus {
+        /// The job's name.
+        job: String,
+    },
 }
 
 /// A trace that could not be read or written.
@@ -164,12 +276,7 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
                     .then(|| fields[6].to_owned())
                     .filter(|f| !f.is_empty()),
             };
-        if job.sm_activity > 1.0 {
-            return Err(bad(format!("sm_activity {} is above 1", job.sm_activity)));
-        }
-        if job.duration_s <= 0.0 {
-            return Err(bad("duration_s must be positive".to_owned()));
-        }
+        job.validate().map_err(|e| bad(e.to_string()))?;
         jobs.push(job);
     }
     if jobs.is_empty() {
@@ -238,5 +345,49 @@ mod tests {
         assert!(matches!(parse(&text), Err(ParseError::Row(2, _))));
         assert!(matches!(parse("a,b\n"), Err(ParseError::Header(_))));
         assert_eq!(parse(&format!("{HEADER}\n")), Err(ParseError::Empty));
+    }
+
+    #[test]
+    fn a_submit_time_of_1e300_is_refused_naming_the_file_line_and_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("far.csv");
+        std::fs::write(
+            &path,
+            format!("{HEADER}\nj1,0,10,100,0.5,1\nfar,1e300,10,100,0.5,1\n"),
+        )
+        .unwrap();
+        let e = read(&path).unwrap_err();
+        assert!(matches!(e, TraceError::Row { line: 3, .. }), "{e:?}");
+        let message = e.to_string();
+        for needle in [
+            "far.csv",
+            "line 3",
+            "\"far\"",
+            "submit_s 1e300",
+            "(0 to 1e9 s)",
+        ] {
+            assert!(message.contains(needle), "{needle:?} not in {message:?}");
+        }
+    }
+
+    #[test]
+    fn values_beyond_the_bounds_are_refused_and_the_bounds_themselves_accepted() {
+        let row = |submit: &str, duration: &str, mem: &str| {
+            parse(&format!("{HEADER}\nj,{submit},{duration},{mem},0.5,1\n"))
+        };
+        let max_mib = MAX_MIB.to_string();
+        assert!(row("1000000000", "1000000000", &max_mib).is_ok());
+        for (submit, duration, mem, what) in [
+            ("1e300", "10", "100", "submit_s"),
+            ("1000000001", "10", "100", "submit_s"),
+            ("0", "1e300", "100", "duration_s"),
+            ("0", "0", "100", "duration_s"),
+            ("0", "10", "18446744073709551615", "mem_mib"),
+        ] {
+            match row(submit, duration, mem) {
+                Err(ParseError::Row(2, reason)) => assert!(reason.contains(what), "{reason}"),
+                other => panic!("{submit},{duration},{mem}: {other:?}"),
+            }
+        }
     }
 }
