@@ -1,7 +1,12 @@
 //! `ladle sim`: replay a trace under several admission policies and compare them;
 //! `ladle sim generate`: write a CARMA-like trace.
+//!
+//! The report goes to stdout through [`print_report`]; a reader that goes away early
+//! (`ladle sim … --json | head -c 10`) ends the command quietly, with success, as a closed
+//! pipe ends `cat` ([`quiet_on_broken_pipe`]).
 
 use std::collections::BTreeMap;
+use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -147,28 +152,44 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.per_job {
         std::fs::write(out, per_job).with_context(|| format!("writing {}", out.display()))?;
     }
-    if args.json {
-        println!("{}", serde_json::json!({ "policies": reports }));
-        return Ok(());
-    }
-    println!(
+    let heading = format!(
         "{} jobs on {} GPUs of {}, estimates x{}",
         jobs.len(),
         config.gpus,
         args.gpu_mem,
         args.estimate_scale
     );
+    let mut stdout = io::stdout().lock();
+    let printed = print_report(&mut stdout, args.json, &heading, &order, &reports)
+        .and_then(|()| stdout.flush());
+    quiet_on_broken_pipe(printed)
+}
+
+/// Writes the comparison: one JSON object `{"policies": {NAME: {...}}}` when `json`, else
+/// `heading` and a table in `order`.
+fn print_report(
+    out: &mut impl Write,
+    json: bool,
+    heading: &str,
+    order: &[String],
+    reports: &BTreeMap<String, SimReport>,
+) -> io::Result<()> {
+    if json {
+        return writeln!(out, "{}", serde_json::json!({ "policies": reports }));
+    }
+    writeln!(out, "{heading}")?;
     let baseline = reports.get("exclusive").map(|r| r.makespan_s);
-    println!(
+    writeln!(
+        out,
         "{:<18} {:>11} {:>9} {:>11} {:>9} {:>5} {:>10} {:>6}",
         "policy", "makespan_s", "vs excl", "mean_jct_s", "gpu_util", "ooms", "energy_kwh", "failed"
-    );
-    for name in order {
-        let r = &reports[&name];
+    )?;
+    for (name, r) in order.iter().filter_map(|n| Some((n, reports.get(n)?))) {
         let versus = baseline.map_or("-".to_owned(), |b| {
             format!("{:+.1}%", 100.0 * (r.makespan_s - b) / b)
         });
-        println!(
+        writeln!(
+            out,
             "{:<18} {:>11.0} {:>9} {:>11.0} {:>9.3} {:>5} {:>10.2} {:>6}",
             name,
             r.makespan_s,
@@ -178,7 +199,76 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             r.oom_crashes,
             r.energy_kwh,
             r.failed_jobs
-        );
+        )?;
     }
     Ok(())
+}
+
+/// The outcome of printing to stdout: a reader that went away (`EPIPE`, e.g. `| head`) is a
+/// clean end, not an error and never a panic; any other failure is an error.
+fn quiet_on_broken_pipe(printed: io::Result<()>) -> anyhow::Result<()> {
+    match printed {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing the report to stdout"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe whose reader is gone.
+    struct ClosedPipe;
+
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::ErrorKind::BrokenPipe.into())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Err(io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    fn reports() -> (Vec<String>, BTreeMap<String, SimReport>) {
+        let trace = generate(&GenerateConfig {
+            jobs: 4,
+            seed: 1,
+            mean_gap_s: 10.0,
+        });
+        let policy = Policy::named("ladle").unwrap();
+        let (report, _) = simulate_jobs(&trace, policy, &SimConfig::default()).unwrap();
+        let order = vec!["ladle".to_owned()];
+        (order, BTreeMap::from([("ladle".to_owned(), report)]))
+    }
+
+    #[test]
+    fn a_closed_pipe_ends_the_report_quietly_in_json_and_as_a_table() {
+        let (order, reports) = reports();
+        for json in [true, false] {
+            let printed = print_report(&mut ClosedPipe, json, "heading", &order, &reports);
+            assert_eq!(
+                printed.as_ref().map_err(io::Error::kind),
+                Err(io::ErrorKind::BrokenPipe)
+            );
+            assert!(quiet_on_broken_pipe(printed).is_ok());
+        }
+    }
+
+    #[test]
+    fn other_write_errors_are_still_errors() {
+        let full = Err(io::Error::from(io::ErrorKind::StorageFull));
+        let e = quiet_on_broken_pipe(full).unwrap_err();
+        assert!(e.to_string().contains("stdout"), "{e}");
+    }
+
+    #[test]
+    fn the_json_report_is_one_line_with_every_policy() {
+        let (order, reports) = reports();
+        let mut out = Vec::new();
+        print_report(&mut out, true, "heading", &order, &reports).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(value["policies"]["ladle"]["makespan_s"].is_number());
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
+    }
 }
