@@ -36,6 +36,10 @@ pub(crate) struct ConsumeArgs {
     /// Milliseconds to sleep per batch while holding it, to emulate a training step.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     step_ms: u64,
+    /// Keep the previous batch until the next one arrives, as a Python loop that keeps
+    /// `prev = batch` does (two batches held at a time).
+    #[arg(long)]
+    hold_previous: bool,
 }
 
 /// Which dataset indices one epoch delivered.
@@ -119,6 +123,9 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let expected = consumer.samples_per_epoch();
     let started = Instant::now();
     let mut total_samples = 0u64;
+    let mut total_bad = 0u64;
+    // Batches the producer overwrote while this consumer held them (after a let-go).
+    let mut overwritten = 0u64;
     let epochs = args
         .epochs
         .unwrap_or(if args.seconds.is_some() { u64::MAX } else { 1 });
@@ -136,18 +143,30 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let epoch_started = Instant::now();
         let mut coverage = Coverage::new(dataset.len)?;
         let mut batches = 0u64;
+        let mut bad = 0u64;
+        let mut previous = None;
         for batch in epoch {
             let batch = batch.with_context(|| format!("reading epoch {number}"))?;
             coverage.add(batch.indices());
+            bad += batch.bad_count() as u64;
             batches += 1;
             if !step.is_zero() {
                 std::thread::sleep(step);
             }
-            drop(batch);
+            if !batch.is_intact() {
+                overwritten += 1;
+            }
+            if args.hold_previous {
+                previous = Some(batch);
+            } else {
+                drop(batch);
+            }
             if out_of_time() {
                 break;
             }
         }
+        drop(previous);
+        total_bad += bad;
         let elapsed = epoch_started.elapsed();
         let complete = coverage.delivered >= expected;
         finished_epochs += u64::from(complete);
@@ -160,6 +179,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 "epoch": number,
                 "batches": batches,
                 "samples": samples,
+                "bad_samples": bad,
                 "exact_coverage": exact,
                 "complete": complete,
                 "seconds": elapsed.as_secs_f64(),
@@ -170,9 +190,14 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             println!("{line}");
         } else {
             println!(
-                "epoch {number}: {samples} samples in {batches} batches, {:.3} s, {rate:.0} samples/s, coverage {}",
+                "epoch {number}: {samples} samples in {batches} batches, {:.3} s, {rate:.0} samples/s, coverage {}{}",
                 elapsed.as_secs_f64(),
                 if exact { "exact" } else { "NOT exact" },
+                if bad > 0 {
+                    format!(", {bad} bad samples (zero images, label -1)")
+                } else {
+                    String::new()
+                },
             );
         }
     }
@@ -183,12 +208,22 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             "samples": total_samples,
             "epochs": finished_epochs,
             "seconds": started.elapsed().as_secs_f64(),
+            "bad_samples": total_bad,
+            "rejoins": consumer.rejoins(),
+            "overwritten_batches": overwritten,
         });
         println!("{line}");
     } else {
         println!(
             "read {finished_epochs} epochs, {total_samples} samples, {rate:.0} samples/s overall"
         );
+        if total_bad > 0 || consumer.rejoins() > 0 {
+            println!(
+                "{total_bad} bad samples; let go and rejoined {} times; {overwritten} batches \
+                 overwritten while held",
+                consumer.rejoins()
+            );
+        }
     }
     Ok(())
 }

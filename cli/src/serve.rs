@@ -39,9 +39,14 @@ pub(crate) struct ServeArgs {
     /// label -1.
     #[arg(long)]
     fail_on_bad_sample: bool,
-    /// Detach a consumer that falls this many samples behind (default: wait for it).
-    #[arg(long)]
-    max_lag: Option<u64>,
+    /// Seconds a consumer may hold the feed back without taking a batch (paused, evaluating,
+    /// stopped) before the feed goes on without it; it rejoins when it resumes and still
+    /// gets every sample of its epoch exactly once.
+    #[arg(long, value_name = "S", default_value_t = ladle_producer::DEFAULT_STALL_TIMEOUT.as_secs_f64())]
+    stall_timeout: f64,
+    /// Connections served at once; more are refused with a clear reason.
+    #[arg(long, value_name = "N", default_value_t = ladle_producer::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -63,7 +68,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         } else {
             BadSamplePolicy::Skip
         },
-        max_lag: args.max_lag,
+        stall_timeout: std::time::Duration::try_from_secs_f64(args.stall_timeout)
+            .ok()
+            .filter(|t| *t >= std::time::Duration::from_millis(100))
+            .with_context(|| {
+                format!(
+                    "--stall-timeout {} is not a number of seconds of at least 0.1",
+                    args.stall_timeout
+                )
+            })?,
+        max_connections: args.max_connections,
     };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -82,12 +96,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         layout.max_batch()
     );
     let started = std::time::Instant::now();
-    let published = producer.wait().context("the producer failed")?;
+    let served = producer.wait().context("the producer failed")?;
+    let (published, bad) = (served.published, served.bad_samples);
     let seconds = started.elapsed().as_secs_f64();
-    eprintln!("stopped after publishing {published} samples; consumers were told the stream ended");
+    eprintln!(
+        "stopped after publishing {published} samples ({bad} bad); consumers were told the stream ended"
+    );
     // One machine-readable summary on stdout (used by `ladle bench` and `ladle demo`).
     let summary = serde_json::json!({
         "published": published,
+        "bad_samples": bad,
         "seconds": seconds,
         "samples_per_s": published as f64 / seconds.max(f64::EPSILON),
     });

@@ -42,6 +42,8 @@ pub struct Consumer {
     dataset: DatasetInfo,
     start_seq: u64,
     state: Mutex<State>,
+    /// Held while a catch-up batch is gathered (one at a time; see [`Consumer::rejoin`]).
+    catching_up: Mutex<()>,
 }
 
 // A consumer is shared by the batches of a `SharedEpoch`, which bindings hand to any thread.
@@ -68,6 +70,71 @@ struct State {
     released: u64,
     /// The final error, once the producer is gone for this consumer.
     fatal: Option<ConsumerError>,
+    /// Where epoch 0 starts: epoch `k` is `[base + k·N, base + (k+1)·N)`. Moves (by whole
+    /// epochs or to a rejoin point) only when the consumer rejoins after being let go.
+    base: u64,
+    /// The dataset indices delivered in the current epoch (a bit per index): what a rejoin
+    /// needs to finish the epoch exactly.
+    seen: Vec<u64>,
+    /// How many bits of `seen` are set.
+    seen_count: u64,
+    /// The current epoch goes on after a rejoin: its window of the feed holds every index
+    /// once, and only those not yet seen are delivered, copied into owned batches.
+    catch_up: bool,
+    /// Rejoins so far: a batch made before the last one may have been overwritten.
+    generation: u64,
+}
+
+impl State {
+    /// Marks dataset index `index` (of `n`) delivered in this epoch; returns whether it was
+    /// new. An index outside the dataset (from a broken producer) is never new.
+    fn mark_seen(&mut self, index: u64, n: u64) -> bool {
+        if index >= n {
+            return false;
+        }
+        let Some(word) = self.seen.get_mut((index / 64) as usize) else {
+            return false;
+        };
+        let bit = 1u64 << (index % 64);
+        if *word & bit != 0 {
+            return false;
+        }
+        *word |= bit;
+        self.seen_count += 1;
+        true
+    }
+}
+
+/// Samples copied out of the ring: a batch gathered after a rejoin.
+#[derive(Debug)]
+struct Owned {
+    images: Vec<u8>,
+    labels: Vec<i64>,
+    indices: Vec<u64>,
+}
+
+impl Owned {
+    fn with_capacity(samples: usize, sample_bytes: usize) -> Self {
+        Self {
+            images: Vec::with_capacity(samples * sample_bytes),
+            labels: Vec::with_capacity(samples),
+            indices: Vec::with_capacity(samples),
+        }
+    }
+
+    fn push(&mut self, image: &[u8], label: i64, index: u64) {
+        self.images.extend_from_slice(image);
+        self.labels.push(label);
+        self.indices.push(index);
+    }
+
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
 }
 
 /// What [`Consumer::reserve`] decided for an epoch's next batch.
@@ -75,7 +142,22 @@ enum Reserve {
     /// The epoch is over (or superseded by a newer one).
     Done,
     /// The batch `first..first + count`, now counted as held.
-    Batch { first: u64, count: u64 },
+    Batch {
+        first: u64,
+        count: u64,
+        generation: u64,
+    },
+    /// The epoch goes on after a rejoin: gather a batch with [`Consumer::next_catch_up`].
+    CatchUp,
+}
+
+/// What became of a reserved batch when it was to be handed out.
+enum Delivery {
+    /// Handed out: the producer cannot let this consumer go for a stall timeout.
+    Delivered,
+    /// The consumer was let go (and has rejoined), or rejoined on another thread meanwhile:
+    /// the reservation is void; ask again.
+    Void,
 }
 
 impl Consumer {
@@ -155,6 +237,12 @@ impl Consumer {
             | ServerMessage::Detached { reason } => {
                 return Err(ConnectError::Rejected { socket, reason });
             }
+            ServerMessage::Rejoined { .. } => {
+                return Err(ConnectError::Protocol {
+                    socket,
+                    source: ProtocolError::Malformed("Rejoined instead of Welcome".into()),
+                });
+            }
         };
         if welcome.version != PROTOCOL_VERSION {
             return Err(ConnectError::Version {
@@ -203,6 +291,10 @@ impl Consumer {
             "joined the producer"
         );
         let start_seq = welcome.start_seq;
+        let words = welcome.dataset.len.div_ceil(64);
+        let Ok(words) = usize::try_from(words) else {
+            return Err(ConnectError::EmptyDataset { socket });
+        };
         Ok(Self {
             socket,
             sock: Mutex::new(sock),
@@ -219,7 +311,13 @@ impl Consumer {
                 held: BTreeSet::new(),
                 released: start_seq,
                 fatal: None,
+                base: start_seq,
+                seen: vec![0; words],
+                seen_count: 0,
+                catch_up: false,
+                generation: 0,
             }),
+            catching_up: Mutex::new(()),
         })
     }
 
@@ -232,11 +330,10 @@ impl Consumer {
     /// stay valid until dropped.
     #[must_use = "an epoch yields nothing unless iterated, and discarding it skips the epoch"]
     pub fn epoch(&self) -> Epoch<'_> {
-        let (number, end) = self.begin_epoch();
+        let number = self.begin_epoch();
         EpochOf {
             consumer: self,
             number,
-            end,
             done: false,
         }
     }
@@ -246,27 +343,29 @@ impl Consumer {
     /// handed to another language's garbage collector. Same rules otherwise.
     #[must_use = "an epoch yields nothing unless iterated, and discarding it skips the epoch"]
     pub fn shared_epoch(self: &Arc<Self>) -> SharedEpoch {
-        let (number, end) = self.begin_epoch();
+        let number = self.begin_epoch();
         EpochOf {
             consumer: Arc::clone(self),
             number,
-            end,
             done: false,
         }
     }
 
-    /// Makes epoch `next_epoch` current; returns its number and one past its last sequence.
-    fn begin_epoch(&self) -> (u64, u64) {
+    /// Makes epoch `next_epoch` current; returns its number.
+    fn begin_epoch(&self) -> u64 {
         let mut state = self.state();
         let number = state.next_epoch;
         state.next_epoch = number.saturating_add(1);
         state.current_epoch = Some(number);
-        let begin = self.epoch_start(number);
+        state.seen.fill(0);
+        state.seen_count = 0;
+        state.catch_up = false;
+        let begin = self.epoch_start(&state, number);
         if state.next_seq < begin {
             state.next_seq = begin;
             self.release_locked(&mut state);
         }
-        (number, self.epoch_start(number.saturating_add(1)))
+        number
     }
 
     /// How many epochs were started: the number the next [`Consumer::epoch`] gives its epoch.
@@ -316,9 +415,15 @@ impl Consumer {
         &self.socket
     }
 
-    /// The sequence number epoch 0 starts at.
+    /// The sequence number epoch 0 started at when this consumer joined.
     pub fn start_seq(&self) -> u64 {
         self.start_seq
+    }
+
+    /// How many times the producer let this consumer go (it held the feed back without
+    /// taking a batch for the producer's stall timeout) and it rejoined.
+    pub fn rejoins(&self) -> u64 {
+        self.state().generation
     }
 
     /// Batches handed out and not yet dropped.
@@ -332,17 +437,21 @@ impl Consumer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn epoch_start(&self, number: u64) -> u64 {
-        self.start_seq
+    fn epoch_start(&self, state: &State, number: u64) -> u64 {
+        state
+            .base
             .saturating_add(number.saturating_mul(self.dataset.len))
     }
 
-    /// Takes the next batch of epoch `number` (ending before `end`) and counts it as held, if
-    /// that exceeds neither `max_batches_held` nor what the ring holds beside the batches
-    /// held (a deadlock: the producer could never write the batch's end).
-    fn reserve(&self, number: u64, end: u64) -> Result<Reserve, ConsumerError> {
+    /// Takes the next batch of epoch `number` and counts it as held, if that exceeds neither
+    /// `max_batches_held` nor what the ring holds beside the batches held (a deadlock: the
+    /// producer could never write the batch's end).
+    fn reserve(&self, number: u64) -> Result<Reserve, ConsumerError> {
         let mut state = self.state();
-        let Some((next, count)) = self.next_span(&state, number, end) else {
+        if state.catch_up && state.current_epoch == Some(number) {
+            return Ok(Reserve::CatchUp);
+        }
+        let Some((next, count)) = self.next_span(&state, number) else {
             return Ok(Reserve::Done);
         };
         let held = state.held.len();
@@ -357,16 +466,21 @@ impl Consumer {
         // Tracked before it is handed out: the cursor must not pass it.
         state.next_seq = next + count;
         state.held.insert(next);
-        Ok(Reserve::Batch { first: next, count })
+        Ok(Reserve::Batch {
+            first: next,
+            count,
+            generation: state.generation,
+        })
     }
 
-    /// The first sequence number and length of epoch `number`'s next batch (the epoch ends
-    /// before `end`), or `None` when it has no more: read to its end, only a partial batch
-    /// left under `drop_last`, or superseded by a newer epoch.
-    fn next_span(&self, state: &State, number: u64, end: u64) -> Option<(u64, u64)> {
+    /// The first sequence number and length of epoch `number`'s next batch, or `None` when it
+    /// has no more: read to its end, only a partial batch left under `drop_last`, or
+    /// superseded by a newer epoch.
+    fn next_span(&self, state: &State, number: u64) -> Option<(u64, u64)> {
         if state.current_epoch != Some(number) {
             return None;
         }
+        let end = self.epoch_start(state, number.saturating_add(1));
         let next = state.next_seq;
         let remaining = end.saturating_sub(next);
         let batch_size = u64::from(self.config.batch_size);
@@ -374,6 +488,219 @@ impl Consumer {
             return None;
         }
         Some((next, remaining.min(batch_size)))
+    }
+
+    /// Hands out the reserved batch `first..first + count` (made in `generation`): records
+    /// the delivery in the lease word, which fails if the producer let this consumer go,
+    /// and the batch's indices as seen in this epoch. On a let-go, drops the reservation,
+    /// rejoins, and returns [`Delivery::Void`].
+    fn deliver(&self, first: u64, count: u64, generation: u64) -> Result<Delivery, ConsumerError> {
+        let mut state = self.state();
+        if let Delivery::Void = self.deliver_locked(&mut state, first, generation)? {
+            return Ok(Delivery::Void);
+        }
+        // SAFETY: `first..first + count` is published (the caller waited for it), held (so
+        // at or above the cursor) and delivered just now, so the producer may not write it
+        // for at least its stall timeout; `count <= capacity / 2`.
+        let indices = unsafe { self.ring.indices(first, count as usize) };
+        for &index in indices {
+            state.mark_seen(index, self.dataset.len);
+        }
+        Ok(Delivery::Delivered)
+    }
+
+    /// The delivery itself, for [`Consumer::deliver`] and a catch-up span (whose indices are
+    /// marked as they are copied).
+    fn deliver_locked(
+        &self,
+        state: &mut State,
+        first: u64,
+        generation: u64,
+    ) -> Result<Delivery, ConsumerError> {
+        if state.generation != generation {
+            // Another thread rejoined meanwhile: the reservation predates it.
+            state.held.remove(&first);
+            return Ok(Delivery::Void);
+        }
+        if self.cursor.deliver(state.next_seq).is_err() {
+            state.held.remove(&first);
+            self.rejoin(state)?;
+            return Ok(Delivery::Void);
+        }
+        Ok(Delivery::Delivered)
+    }
+
+    /// After the producer let this consumer go (it took no batch for the stall timeout while
+    /// holding the feed back): asks to be attached again and moves this consumer's record to
+    /// where the producer put it. Batches made before may have been overwritten
+    /// ([`BatchOf::is_intact`] says so). The epoch in progress goes on: the feed's next `N`
+    /// samples from the rejoin point hold every index once, and [`Consumer::next_catch_up`]
+    /// delivers only those not seen yet, so the epoch stays exact.
+    ///
+    /// Runs under the state lock (so that no release moves the cursor while the producer
+    /// resets it) and the socket lock, for at most the handshake timeout.
+    fn rejoin(&self, state: &mut State) -> Result<(), ConsumerError> {
+        let socket = || self.socket.clone();
+        let start = {
+            let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+            let failed = |source: ProtocolError| ConsumerError::Protocol {
+                socket: socket(),
+                source: Arc::new(source),
+            };
+            protocol::send(&sock, &ClientMessage::Rejoin, &[]).map_err(failed)?;
+            let deadline = Instant::now() + self.config.handshake_timeout;
+            let answer = loop {
+                match protocol::recv_by::<ServerMessage>(&sock, deadline) {
+                    Ok((ServerMessage::Rejoined { start_seq }, _)) => break Ok(start_seq),
+                    Ok((ServerMessage::End { reason }, _)) => {
+                        break Err(ConsumerError::ProducerEnded {
+                            socket: socket(),
+                            reason,
+                        });
+                    }
+                    Ok((ServerMessage::Detached { reason }, _)) => {
+                        break Err(ConsumerError::Detached {
+                            socket: socket(),
+                            reason,
+                        });
+                    }
+                    Ok((other, _)) => {
+                        tracing::warn!(consumer_id = self.consumer_id, "ignoring {other:?}");
+                    }
+                    Err(ProtocolError::Closed) => {
+                        break Err(ConsumerError::ProducerGone { socket: socket() });
+                    }
+                    Err(e) => break Err(failed(e)),
+                }
+            };
+            // Back to the timeout that bounds the reading of a frame that began to arrive.
+            let _ = sock.set_read_timeout(Some(
+                self.config.handshake_timeout.max(Duration::from_millis(1)),
+            ));
+            answer
+        };
+        let start = match start {
+            Ok(start) if start >= state.released => start,
+            Ok(start) => {
+                return Err(self.fail(
+                    state,
+                    ConsumerError::Protocol {
+                        socket: socket(),
+                        source: Arc::new(ProtocolError::Malformed(format!(
+                            "rejoined at {start}, behind this consumer's cursor {}",
+                            state.released
+                        ))),
+                    },
+                ));
+            }
+            Err(e) => return Err(self.fail(state, e)),
+        };
+        let n = self.dataset.len;
+        state.generation += 1;
+        state.held.clear();
+        state.next_seq = start;
+        state.released = start;
+        // The epoch in progress takes the window [start, start + N) when it has seen part of
+        // the dataset; otherwise the next epoch to begin starts at `start`.
+        let (number, catch_up) = match state.current_epoch {
+            Some(k) if state.seen_count > 0 && state.seen_count < n => (k, true),
+            Some(k) if state.seen_count == 0 => (k, false),
+            _ => (state.next_epoch, false),
+        };
+        state.base = start.saturating_sub(number.saturating_mul(n));
+        state.catch_up = catch_up;
+        tracing::warn!(
+            consumer_id = self.consumer_id,
+            start,
+            seen = state.seen_count,
+            "the producer let this consumer go (it held the feed back without taking a batch              for the stall timeout); rejoined"
+        );
+        Ok(())
+    }
+
+    /// Records `error` as final (under the state lock) and returns it.
+    fn fail(&self, state: &mut State, error: ConsumerError) -> ConsumerError {
+        tracing::warn!(consumer_id = self.consumer_id, "{error}");
+        state.fatal.get_or_insert(error).clone()
+    }
+
+    /// Gathers the next batch of epoch `number` after a rejoin: walks the epoch's window of
+    /// the feed span by span, copying each sample whose index this epoch has not delivered
+    /// yet into an owned batch, until it holds a batch or the window ends. `None` when the
+    /// epoch is over.
+    fn next_catch_up(&self, number: u64) -> Result<Option<Owned>, ConsumerError> {
+        let _one_at_a_time = self
+            .catching_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let batch_size = u64::from(self.config.batch_size);
+        let sample_bytes = self.ring.layout().sample_bytes();
+        let mut owned = Owned::with_capacity(batch_size as usize, sample_bytes);
+        loop {
+            let (first, count, generation) = {
+                let mut state = self.state();
+                if !state.catch_up || state.current_epoch != Some(number) {
+                    break;
+                }
+                let end = self.epoch_start(&state, number.saturating_add(1));
+                let first = state.next_seq;
+                if first >= end {
+                    state.catch_up = false;
+                    break;
+                }
+                let count = (end - first).min(batch_size);
+                let floor = state
+                    .held
+                    .first()
+                    .map_or(first, |&oldest| oldest.min(first));
+                if first + count > floor.saturating_add(self.ring.layout().capacity) {
+                    let held = state.held.len();
+                    return Err(ConsumerError::TooManyBatchesHeld { held, max: held });
+                }
+                state.next_seq = first + count;
+                state.held.insert(first);
+                (first, count, state.generation)
+            };
+            if let Err(e) = self.wait_for(first + count) {
+                self.unhold(first);
+                return Err(e);
+            }
+            let mut state = self.state();
+            if let Delivery::Void = self.deliver_locked(&mut state, first, generation)? {
+                continue;
+            }
+            // SAFETY: as in `deliver`: published, held, and delivered just now.
+            let (indices, images, labels) = unsafe {
+                (
+                    self.ring.indices(first, count as usize),
+                    self.ring.images(first, count as usize),
+                    self.ring.labels(first, count as usize),
+                )
+            };
+            let mut stop = first + count;
+            for (k, &index) in indices.iter().enumerate() {
+                if state.mark_seen(index, self.dataset.len) {
+                    owned.push(
+                        &images[k * sample_bytes..(k + 1) * sample_bytes],
+                        labels[k],
+                        index,
+                    );
+                    if owned.len() as u64 == batch_size {
+                        stop = first + k as u64 + 1;
+                        break;
+                    }
+                }
+            }
+            state.held.remove(&first);
+            // The rest of the span is gathered next time (it stays unreleased).
+            state.next_seq = stop;
+            self.release_locked(&mut state);
+            if owned.len() as u64 == batch_size {
+                break;
+            }
+        }
+        let partial_dropped = self.config.drop_last && (owned.len() as u64) < batch_size;
+        Ok((!owned.is_empty() && !partial_dropped).then_some(owned))
     }
 
     /// Stops holding the batch starting at `first` and moves the cursor as far as it may go.
@@ -406,8 +733,7 @@ impl Consumer {
     }
 
     fn set_fatal(&self, error: ConsumerError) {
-        tracing::warn!(consumer_id = self.consumer_id, "{error}");
-        self.state().fatal.get_or_insert(error);
+        self.fail(&mut self.state(), error);
     }
 
     /// Sleeps until every sample below `end` is published, checking the control socket at
@@ -536,8 +862,6 @@ impl Drop for Consumer {
 pub struct EpochOf<C> {
     consumer: C,
     number: u64,
-    /// One past the epoch's last sequence number.
-    end: u64,
     done: bool,
 }
 
@@ -561,7 +885,7 @@ impl<C: Deref<Target = Consumer>> EpochOf<C> {
         if self.done {
             return Ok(true);
         }
-        let span = consumer.next_span(&consumer.state(), self.number, self.end);
+        let span = consumer.next_span(&consumer.state(), self.number);
         match span {
             None => Ok(true),
             Some((next, count)) => {
@@ -575,7 +899,6 @@ impl<C> fmt::Debug for EpochOf<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Epoch")
             .field("number", &self.number)
-            .field("end", &self.end)
             .field("done", &self.done)
             .finish_non_exhaustive()
     }
@@ -589,26 +912,61 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
             return None;
         }
         let consumer = &*self.consumer;
-        let (first, count) = match consumer.reserve(self.number, self.end) {
-            Ok(Reserve::Done) => {
+        loop {
+            let (first, count, generation) = match consumer.reserve(self.number) {
+                Ok(Reserve::Done) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(Reserve::Batch {
+                    first,
+                    count,
+                    generation,
+                }) => (first, count, generation),
+                Ok(Reserve::CatchUp) => match consumer.next_catch_up(self.number) {
+                    Ok(Some(owned)) => {
+                        return Some(Ok(BatchOf {
+                            consumer: self.consumer.clone(),
+                            first_seq: owned.indices.first().copied().unwrap_or(0),
+                            len: owned.len(),
+                            epoch: self.number,
+                            generation: 0,
+                            owned: Some(Box::new(owned)),
+                        }));
+                    }
+                    // The catch-up is over; the plain path says what comes next.
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.done = e.is_final();
+                        return Some(Err(e));
+                    }
+                },
+                Err(e) => return Some(Err(e)),
+            };
+            if let Err(e) = consumer.wait_for(first + count) {
+                consumer.unhold(first);
                 self.done = true;
-                return None;
+                return Some(Err(e));
             }
-            Ok(Reserve::Batch { first, count }) => (first, count),
-            Err(e) => return Some(Err(e)),
-        };
-        if let Err(e) = consumer.wait_for(first + count) {
-            consumer.unhold(first);
-            self.done = true;
-            return Some(Err(e));
+            match consumer.deliver(first, count, generation) {
+                Ok(Delivery::Delivered) => {
+                    return Some(Ok(BatchOf {
+                        consumer: self.consumer.clone(),
+                        first_seq: first,
+                        // `count <= batch_size <= capacity / 2`, checked at connect.
+                        len: count as usize,
+                        epoch: self.number,
+                        generation,
+                        owned: None,
+                    }));
+                }
+                Ok(Delivery::Void) => continue,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
         }
-        Some(Ok(BatchOf {
-            consumer: self.consumer.clone(),
-            first_seq: first,
-            // `count <= batch_size <= capacity / 2`, checked at connect.
-            len: count as usize,
-            epoch: self.number,
-        }))
     }
 }
 
@@ -623,6 +981,11 @@ pub struct BatchOf<C: Deref<Target = Consumer>> {
     first_seq: u64,
     len: usize,
     epoch: u64,
+    /// The consumer's rejoin count when the batch was handed out.
+    generation: u64,
+    /// The samples, copied, for a batch gathered after a rejoin; `None` for a view of the
+    /// ring.
+    owned: Option<Box<Owned>>,
 }
 
 /// A batch borrowing its consumer, from an [`Epoch`].
@@ -633,6 +996,9 @@ pub type SharedBatch = BatchOf<Arc<Consumer>>;
 impl<C: Deref<Target = Consumer>> BatchOf<C> {
     /// The images, `[B, H, W, 3]` u8 (HWC), one contiguous slice of the shared ring.
     pub fn images(&self) -> &[u8] {
+        if let Some(owned) = &self.owned {
+            return &owned.images;
+        }
         // SAFETY: `first_seq..first_seq + len` is below the head (`wait_for` returned before
         // this batch was made) and at or above the cursor (this batch is held, and the cursor
         // never passes the oldest held batch), so the producer cannot write these slots while
@@ -643,12 +1009,18 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
 
     /// The labels, `[B]`.
     pub fn labels(&self) -> &[i64] {
+        if let Some(owned) = &self.owned {
+            return &owned.labels;
+        }
         // SAFETY: as in `images`.
         unsafe { self.consumer.ring.labels(self.first_seq, self.len) }
     }
 
     /// The dataset index of each sample, `[B]`.
     pub fn indices(&self) -> &[u64] {
+        if let Some(owned) = &self.owned {
+            return &owned.indices;
+        }
         // SAFETY: as in `images`.
         unsafe { self.consumer.ring.indices(self.first_seq, self.len) }
     }
@@ -656,6 +1028,31 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
     /// Samples in this batch (the batch size, or fewer for an epoch's last batch).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Samples in this batch that the producer could not read or decode: each is an all-zero
+    /// image with label −1 (the epoch keeps its length and its coverage). Usually 0; the
+    /// producer logs each such sample with its file name.
+    pub fn bad_count(&self) -> usize {
+        self.labels().iter().filter(|&&label| label < 0).count()
+    }
+
+    /// Whether the batch still holds what it was handed out with. A batch is a view of the
+    /// shared ring; the producer never overwrites it while this consumer keeps taking
+    /// batches, but once the consumer holds the feed back for the stall timeout without
+    /// taking one (a paused or stopped run), the producer lets it go and may overwrite the
+    /// batches it holds. Check this *after* reading a batch that was held across a long
+    /// pause: `false` means the data read may be mixed with later samples. Batches gathered
+    /// after a rejoin are copies and always intact.
+    pub fn is_intact(&self) -> bool {
+        self.owned.is_some()
+            || (self.generation == self.consumer.state().generation
+                && !self.consumer.cursor.is_let_go())
+    }
+
+    /// Whether the batch is a copy (gathered after a rejoin) rather than a view of the ring.
+    pub fn is_copy(&self) -> bool {
+        self.owned.is_some()
     }
 
     /// Always false: a batch holds at least one sample.
@@ -702,6 +1099,8 @@ impl<C: Deref<Target = Consumer>> fmt::Debug for BatchOf<C> {
 
 impl<C: Deref<Target = Consumer>> Drop for BatchOf<C> {
     fn drop(&mut self) {
-        self.consumer.unhold(self.first_seq);
+        if self.owned.is_none() {
+            self.consumer.unhold(self.first_seq);
+        }
     }
 }

@@ -132,6 +132,30 @@ pub enum SampleError {
 }
 
 impl SampleError {
+    /// Whether the error may go away if the read is tried again: the process or system ran
+    /// out of file descriptors or memory for a moment, or the call was interrupted. Such an
+    /// error says nothing about the sample; [`Pipeline`](crate::Pipeline) retries it.
+    pub fn is_transient(&self) -> bool {
+        let Self::Io { source, .. } = self else {
+            return false;
+        };
+        let transient_errno = [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOMEM,
+            libc::ENOBUFS,
+            libc::EAGAIN,
+            libc::EINTR,
+        ];
+        source
+            .raw_os_error()
+            .is_some_and(|errno| transient_errno.contains(&errno))
+            || matches!(
+                source.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            )
+    }
+
     /// The file, tar member or CIFAR record this error is about, if any.
     pub fn location(&self) -> Option<&str> {
         match self {

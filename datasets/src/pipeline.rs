@@ -14,6 +14,8 @@
 use std::ops::ControlFlow;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -46,13 +48,47 @@ pub struct WorkItem {
 
 /// Where the pipeline writes: one output buffer per `seq`.
 pub trait SampleSink: Sync {
-    /// Runs `fill` on the output buffer of `seq` ([`Augment::output_len`] bytes). Called once
-    /// per `seq`, from any worker thread, possibly concurrently for different `seq`s.
-    fn write<R>(&self, seq: u64, fill: impl FnOnce(&mut [u8]) -> R) -> R;
+    /// What travels with each item from the source to the worker: the producer's write loan
+    /// for the item's ring slot; `()` for sinks that need none.
+    type Ticket: Send;
+
+    /// Runs `fill` on the output buffer of `item` ([`Augment::output_len`] bytes). Called
+    /// once per item, from any worker thread, possibly concurrently for different items.
+    fn write<R>(
+        &self,
+        ticket: &mut Self::Ticket,
+        item: &WorkItem,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> R;
 
     /// `item` is finished: `Ok(label)` when its slot holds the sample, or the error that
     /// left the slot unwritten.
-    fn complete(&self, item: WorkItem, outcome: Result<i64, &SampleError>);
+    fn complete(&self, ticket: Self::Ticket, item: WorkItem, outcome: Result<i64, &SampleError>);
+}
+
+/// Where the pipeline's work comes from: an iterator, or a source that may have to wait
+/// (the producer's, for room in the ring).
+pub trait WorkSource: Send {
+    /// One unit of work.
+    type Item: Send;
+
+    /// The next item, or `Ready(None)` at the end. With `wait` false a source that would
+    /// block returns `Pending` instead, and the pipeline hands the items it has gathered to
+    /// the workers first: so no item waits in a half-filled chunk while the source blocks
+    /// (which would hang a producer whose consumers need those items to release the ring).
+    /// With `wait` true it blocks.
+    fn next(&mut self, wait: bool) -> Poll<Option<Self::Item>>;
+}
+
+impl<I: Iterator + Send> WorkSource for I
+where
+    I::Item: Send,
+{
+    type Item = I::Item;
+
+    fn next(&mut self, _wait: bool) -> Poll<Option<I::Item>> {
+        Poll::Ready(Iterator::next(self))
+    }
 }
 
 /// A plain in-memory sink: `slots` buffers reused round-robin by `seq`. For benchmarks, tests
@@ -84,13 +120,18 @@ impl SlotBuffer {
 }
 
 impl SampleSink for SlotBuffer {
-    fn write<R>(&self, seq: u64, fill: impl FnOnce(&mut [u8]) -> R) -> R {
-        let mut slot = self.slot(seq).lock().unwrap_or_else(|p| p.into_inner());
+    type Ticket = ();
+
+    fn write<R>(&self, _: &mut (), item: &WorkItem, fill: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut slot = self
+            .slot(item.seq)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         slot.1 = None;
         fill(&mut slot.0)
     }
 
-    fn complete(&self, item: WorkItem, outcome: Result<i64, &SampleError>) {
+    fn complete(&self, _: (), item: WorkItem, outcome: Result<i64, &SampleError>) {
         let mut slot = self
             .slot(item.seq)
             .lock()
@@ -263,10 +304,21 @@ impl Pipeline {
 
     /// Processes every item on the worker threads, writing into `sink`; returns when all are
     /// done, or at the first bad sample under [`BadSamplePolicy::Fail`].
-    pub fn run<S: SampleSink>(
+    pub fn run<S: SampleSink<Ticket = ()>>(
         &self,
         dataset: &dyn Dataset,
-        items: impl IntoIterator<Item = WorkItem> + Send,
+        items: impl IntoIterator<Item = WorkItem, IntoIter: Send>,
+        sink: &S,
+    ) -> Result<RunStats, PipelineError> {
+        self.run_from(dataset, items.into_iter().map(|item| (item, ())), sink)
+    }
+
+    /// [`Pipeline::run`] over a [`WorkSource`] whose items carry the sink's tickets (the
+    /// producer's write loans).
+    pub fn run_from<S: SampleSink>(
+        &self,
+        dataset: &dyn Dataset,
+        items: impl WorkSource<Item = (WorkItem, S::Ticket)>,
         sink: &S,
     ) -> Result<RunStats, PipelineError> {
         let written = AtomicU64::new(0);
@@ -277,11 +329,13 @@ impl Pipeline {
             items,
             self.config.threads,
             || SampleProcessor::new(augment, seed),
-            |processor, item: WorkItem| {
-                let outcome = sink.write(item.seq, |out| {
-                    processor.process(dataset, item.index, item.epoch, out)
+            |processor, (item, mut ticket): (WorkItem, S::Ticket)| {
+                let outcome = sink.write(&mut ticket, &item, |out| {
+                    with_retries(&item, || {
+                        processor.process(dataset, item.index, item.epoch, out)
+                    })
                 });
-                sink.complete(item, outcome.as_ref().copied());
+                sink.complete(ticket, item, outcome.as_ref().copied());
                 match outcome {
                     Ok(_) => {
                         written.fetch_add(1, Ordering::Relaxed);
@@ -313,20 +367,49 @@ impl Pipeline {
     }
 }
 
+/// How long a transient read error ([`SampleError::is_transient`]: no file descriptors or
+/// memory for a moment) is retried before the sample counts as bad.
+pub const TRANSIENT_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// Runs `attempt` until it succeeds, fails for good, or has failed transiently for
+/// [`TRANSIENT_RETRY_FOR`], backing off from 5 ms to 1 s between tries.
+fn with_retries<T>(
+    item: &WorkItem,
+    mut attempt: impl FnMut() -> Result<T, SampleError>,
+) -> Result<T, SampleError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match attempt() {
+            Err(error) if error.is_transient() && start.elapsed() < TRANSIENT_RETRY_FOR => {
+                if pause == Duration::from_millis(5) {
+                    tracing::warn!(
+                        index = item.index,
+                        "retrying after a transient error: {error}"
+                    );
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Items handed to a worker at a time: amortises channel costs over several samples.
 const CHUNK: usize = 8;
 
 /// Runs `work` over `items` on `threads` threads, each with its own state from `make_state`.
-/// The calling thread feeds a bounded queue; any worker returning `Break` stops the run.
+/// The calling thread feeds a bounded queue in chunks, handing over a partial chunk whenever
+/// the source would block; any worker returning `Break` stops the run.
 pub(crate) fn for_each_parallel<I, St, F>(
-    items: I,
+    mut items: I,
     threads: usize,
     make_state: impl Fn() -> St + Sync,
     work: F,
 ) -> Result<(), PipelineError>
 where
-    I: IntoIterator + Send,
-    I::Item: Send,
+    I: WorkSource,
     F: Fn(&mut St, I::Item) -> ControlFlow<()> + Sync,
 {
     let stop = AtomicBool::new(false);
@@ -354,12 +437,17 @@ where
             .collect();
         drop(rx);
         let mut chunk = Vec::with_capacity(CHUNK);
-        for item in items {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            chunk.push(item);
-            if chunk.len() == CHUNK {
+        while !stop.load(Ordering::Relaxed) {
+            let send = match items.next(chunk.is_empty()) {
+                Poll::Ready(Some(item)) => {
+                    chunk.push(item);
+                    chunk.len() == CHUNK
+                }
+                Poll::Ready(None) => break,
+                // Hand what is gathered to the workers before the source blocks.
+                Poll::Pending => !chunk.is_empty(),
+            };
+            if send {
                 let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
                 if tx.send(full).is_err() {
                     break; // every worker has stopped
@@ -378,4 +466,99 @@ where
         }
         panicked.map_or(Ok(()), |m| Err(PipelineError::WorkerPanicked(m)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source shaped like the producer's: it lends 3 items, then can lend no more until the
+    /// workers have finished those 3 (a consumer waits for them before it releases room).
+    struct Gated<'a> {
+        lent: u64,
+        finished: &'a AtomicU64,
+        deadline: Instant,
+    }
+
+    impl WorkSource for Gated<'_> {
+        type Item = u64;
+
+        fn next(&mut self, wait: bool) -> Poll<Option<u64>> {
+            if self.lent == 3 {
+                if !wait {
+                    return Poll::Pending;
+                }
+                while self.finished.load(Ordering::SeqCst) < 3 {
+                    if Instant::now() > self.deadline {
+                        return Poll::Ready(None); // hung: the test fails below
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            if self.lent == 6 {
+                return Poll::Ready(None);
+            }
+            self.lent += 1;
+            Poll::Ready(Some(self.lent))
+        }
+    }
+
+    #[test]
+    fn items_gathered_before_the_source_blocks_reach_the_workers() {
+        let finished = AtomicU64::new(0);
+        let source = Gated {
+            lent: 0,
+            finished: &finished,
+            deadline: Instant::now() + Duration::from_secs(10),
+        };
+        for_each_parallel(
+            source,
+            2,
+            || (),
+            |(), _| {
+                finished.fetch_add(1, Ordering::SeqCst);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            6,
+            "the first 3 items sat in a half-filled chunk while the source waited for them"
+        );
+    }
+
+    #[test]
+    fn a_transient_read_error_is_retried_and_a_lasting_one_is_not() {
+        let item = WorkItem {
+            seq: 0,
+            index: 7,
+            epoch: 0,
+        };
+        let io = |errno| SampleError::Io {
+            location: "x.jpg".into(),
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        let mut tries = 0;
+        let outcome = with_retries(&item, || {
+            tries += 1;
+            if tries < 3 {
+                Err(io(libc::EMFILE))
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(
+            outcome.unwrap(),
+            3,
+            "too many open files must not make a bad sample"
+        );
+        let mut tries = 0;
+        let outcome: Result<(), _> = with_retries(&item, || {
+            tries += 1;
+            Err(io(libc::ENOENT))
+        });
+        assert!(outcome.is_err());
+        assert_eq!(tries, 1, "a missing file is not transient");
+    }
 }

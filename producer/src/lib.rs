@@ -10,15 +10,24 @@
 //! - The pipeline ([`ladle_datasets::pipeline::Pipeline`]) runs `T` threads that write each
 //!   sample straight into its ring slot (no intermediate copy); completions are published in
 //!   order by advancing the head.
-//! - A slot is reused only once every live consumer has released it (backpressure: the sweep
-//!   moves at the pace of its slowest consumer), unless `max_lag` detaches a laggard.
+//! - Every slot write goes through a write loan from the ring
+//!   ([`ladle_ring::ProducerRing::try_loan`]), granted only once every attached consumer has
+//!   released the slot (backpressure: the sweep moves at the pace of its slowest consumer).
+//!   Each cursor is read once per decision and range-checked; a consumer whose cursor lies
+//!   outside what it may show is detached, and only it.
+//! - A consumer that holds the feed back and takes no batch for the stall timeout
+//!   ([`ProducerConfig::stall_timeout`], 10 s by default: a paused, evaluating or stopped
+//!   run) is *let go*: the feed goes on without it, it is told before it can hand out a batch
+//!   from an overwritten slot, and when it resumes the SDK rejoins and still delivers its
+//!   epoch exactly. Who holds the feed back, and for how long, is logged.
 //! - The control server ([`server`]) binds the socket with mode 0600, refuses peers of another
 //!   uid (`SO_PEERCRED`), and treats EOF as a leave: a consumer that exits, crashes or is
 //!   killed with `SIGKILL` is dropped at once and its hold on the ring released.
 //!
 //! A sample that cannot be read or decoded is, under the default skip policy, delivered as an
 //! all-zero image with label `-1` (so that every consumer's epoch keeps its length and its
-//! coverage), and logged with its file name.
+//! coverage; the SDKs count such samples per batch), and logged with its file name. A
+//! transient read error (no file descriptors for a moment) is retried, not counted as bad.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -33,25 +42,36 @@
 //! ```
 //!
 //! # Logging
-//! `info`: start, each consumer's join and leave; `warn`: a bad sample skipped, a consumer
-//! detached or refused; `error`: a failure that ends the producer.
+//! `info`: start, each consumer's join, leave and rejoin, a consumer holding the feed back for
+//! over a second; `warn`: a bad sample skipped, a consumer let go, detached or refused, too
+//! many connections or open files; `error`: a failure that ends the producer. Consumer names
+//! are logged quoted and escaped.
 
 mod feed;
 pub mod server;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::Poll;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ladle_datasets::augment::Augment;
-use ladle_datasets::pipeline::{PipelineConfig, SampleSink, WorkItem, default_threads};
+use ladle_datasets::pipeline::{PipelineConfig, SampleSink, WorkItem, WorkSource, default_threads};
 use ladle_datasets::{BadSamplePolicy, Dataset, PipelineError, SampleError};
 use ladle_ring::protocol::{DatasetInfo, ServerMessage};
-use ladle_ring::{CursorPage, LayoutError, ProducerRing, RingLayout, ShmError, protocol_core};
+use ladle_ring::{
+    CursorPage, Gate, LayoutError, ProducerRing, Readers, RingLayout, ShmError, WriteLoan,
+};
 
 use crate::feed::{CutPoints, Feed};
+
+/// The default [`ProducerConfig::stall_timeout`].
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default [`ProducerConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Producer settings; `Default` gives a 256 MiB ring of 224×224 training samples.
 #[derive(Debug, Clone)]
@@ -68,9 +88,12 @@ pub struct ProducerConfig {
     pub seed: u64,
     /// What to do with samples that cannot be decoded.
     pub policy: BadSamplePolicy,
-    /// Detach a consumer more than this many samples behind the head (`None`: never; the
-    /// producer waits for the slowest).
-    pub max_lag: Option<u64>,
+    /// How long a consumer may hold the feed back without taking a batch before the feed
+    /// goes on without it (it rejoins when it resumes).
+    pub stall_timeout: Duration,
+    /// Connections served at once (admitted consumers and handshakes in progress); more are
+    /// refused with a clear reason.
+    pub max_connections: usize,
 }
 
 impl Default for ProducerConfig {
@@ -82,7 +105,8 @@ impl Default for ProducerConfig {
             threads: default_threads(),
             seed: 0,
             policy: BadSamplePolicy::Skip,
-            max_lag: None,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -108,27 +132,40 @@ pub enum ProducerError {
     /// The decode pipeline failed (a bad sample under the fail policy, a bad option).
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
-    /// `max_lag` is smaller than a ring's worth of samples.
+    /// An option is out of range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+}
+
+/// How long a consumer has held the feed back, as the feeder watches it.
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    lease: u64,
+    cursor: u64,
+    since: Instant,
+    logged: bool,
 }
 
 /// One admitted consumer, as the producer tracks it.
 #[derive(Debug)]
 pub(crate) struct Member {
     pub(crate) id: u64,
+    /// For logs: quoted and escaped, at most [`server::MAX_NAME`] characters.
     pub(crate) name: String,
+    /// Where its current attachment started (its cut point is `start mod N`).
     pub(crate) start: u64,
-    pub(crate) cursor: Arc<CursorPage>,
-    /// A handle to its socket, to tell it `End` or `Detached`.
+    pub(crate) page: Arc<CursorPage>,
+    /// A handle to its socket, to tell it `End`, `Detached` or `Rejoined`.
     pub(crate) socket: std::os::unix::net::UnixStream,
+    /// Whether its cursor gates the producer (false once let go, until it rejoins).
+    pub(crate) attached: bool,
+    watch: Option<Watch>,
 }
 
 /// What the feeder and the control server share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct State {
-    /// The next sequence number the feeder will hand out; a joining consumer starts here.
-    pub(crate) next_seq: u64,
+    pub(crate) readers: Readers,
     pub(crate) cuts: CutPoints,
     pub(crate) members: Vec<Member>,
     pub(crate) next_id: u64,
@@ -145,7 +182,11 @@ pub(crate) struct Shared {
     pub(crate) changed: Condvar,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) published: AtomicU64,
-    pub(crate) max_lag: Option<u64>,
+    pub(crate) bad: AtomicU64,
+    pub(crate) stall_timeout: Duration,
+    pub(crate) max_connections: usize,
+    /// Connection threads alive.
+    pub(crate) connections: AtomicUsize,
 }
 
 impl Shared {
@@ -153,64 +194,153 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Drops consumer `id` (it left, died or was detached); its cut point dissolves.
+    /// Drops consumer `id` (it left or died); its cut point dissolves.
     pub(crate) fn remove(&self, id: u64, why: &str) {
         let mut state = self.lock();
-        if let Some(at) = state.members.iter().position(|m| m.id == id) {
-            let m = state.members.swap_remove(at);
-            let offset = m.start % self.info.len;
-            state.cuts.remove(offset);
+        if let Some(m) = self.forget(&mut state, id) {
             tracing::info!(consumer = m.id, name = %m.name, "consumer left ({why})");
         }
         drop(state);
         self.changed.notify_all();
     }
+
+    /// Takes consumer `id` out of every record: members, readers, cut points.
+    fn forget(&self, state: &mut State, id: u64) -> Option<Member> {
+        let at = state.members.iter().position(|m| m.id == id)?;
+        let m = state.members.swap_remove(at);
+        state.readers.detach(id);
+        if m.attached {
+            state.cuts.remove(m.start % self.info.len);
+        }
+        Some(m)
+    }
+
+    /// Detaches consumer `id` for good (it broke the protocol): tells it why and closes its
+    /// connection; nobody else is affected.
+    pub(crate) fn detach(&self, state: &mut State, id: u64, reason: &str) {
+        if let Some(m) = self.forget(state, id) {
+            tracing::warn!(consumer = m.id, name = %m.name, "consumer detached: {reason}");
+            let reason = reason.to_owned();
+            let _ = ladle_ring::protocol::send(&m.socket, &ServerMessage::Detached { reason }, &[]);
+            let _ = m.socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Called while consumer `id`, at `cursor`, holds the feed back: lets it go once it has
+    /// taken no batch for the stall timeout. Returns whether it did.
+    fn check_stall(&self, state: &mut State, id: u64, cursor: u64) -> bool {
+        let now = Instant::now();
+        let Some(m) = state.members.iter_mut().find(|m| m.id == id) else {
+            return false;
+        };
+        let lease = m.page.lease();
+        let watch = match &mut m.watch {
+            Some(w) if w.lease == lease && w.cursor == cursor => w,
+            other => {
+                *other = Some(Watch {
+                    lease,
+                    cursor,
+                    since: now,
+                    logged: false,
+                });
+                return false;
+            }
+        };
+        let held = now.duration_since(watch.since);
+        if held < self.stall_timeout {
+            let worth_a_line = Duration::from_secs(1).min(self.stall_timeout / 2);
+            if held >= worth_a_line && !watch.logged {
+                watch.logged = true;
+                tracing::info!(
+                    consumer = m.id,
+                    name = %m.name,
+                    "the feed is held back by this consumer: no batch taken for {:.1} s",
+                    held.as_secs_f64()
+                );
+            }
+            return false;
+        }
+        if !m.page.let_go(lease) {
+            m.watch = None; // it delivered a batch just now
+            return false;
+        }
+        m.attached = false;
+        m.watch = None;
+        let (mid, start) = (m.id, m.start);
+        tracing::warn!(
+            consumer = mid,
+            name = %m.name,
+            "consumer let go: it held the feed back for {:.1} s without taking a batch \
+             (stall timeout); the feed goes on, and it rejoins when it resumes",
+            held.as_secs_f64()
+        );
+        state.readers.detach(mid);
+        state.cuts.remove(start % self.info.len);
+        true
+    }
+
+    /// Forgets every watch: the feed is not held back.
+    fn clear_watches(state: &mut State) {
+        for m in &mut state.members {
+            m.watch = None;
+        }
+    }
 }
 
-/// Publishes completed samples in order: the head advances over a run of finished slots.
+/// Publishes completed samples in order (the ring's loans) and wakes consumers whose next
+/// batch is complete.
 struct RingSink<'a> {
     shared: &'a Shared,
-    done: Mutex<(u64, Vec<bool>)>,
 }
 
-impl SampleSink for RingSink<'_> {
-    fn write<R>(&self, seq: u64, fill: impl FnOnce(&mut [u8]) -> R) -> R {
-        // SAFETY: the feeder hands out each `seq` once, only after `may_write` held for every
-        // live consumer's cursor, and the head is not past it until `complete` publishes it;
-        // so this worker is the only one touching the slot and no consumer reads it.
-        let (image, _, _) = unsafe { self.shared.ring.slot_mut(seq) };
+impl<'a> SampleSink for RingSink<'a> {
+    type Ticket = WriteLoan<'a>;
+
+    fn write<R>(
+        &self,
+        loan: &mut WriteLoan<'a>,
+        _: &WorkItem,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> R {
+        let (image, _, _) = loan.slot();
         fill(image)
     }
 
-    fn complete(&self, item: WorkItem, outcome: Result<i64, &SampleError>) {
-        // SAFETY: as in `write`: the slot is still exclusively this item's.
-        let (image, label, index) = unsafe { self.shared.ring.slot_mut(item.seq) };
-        *index = item.index;
-        *label = match outcome {
-            Ok(label) => label,
+    fn complete(
+        &self,
+        mut loan: WriteLoan<'a>,
+        item: WorkItem,
+        outcome: Result<i64, &SampleError>,
+    ) {
+        let head = match outcome {
+            Ok(label) => {
+                let (_, slot_label, index) = loan.slot();
+                *slot_label = label;
+                *index = item.index;
+                loan.commit()
+            }
             Err(_) => {
-                image.fill(0);
-                -1
+                self.shared.bad.fetch_add(1, Ordering::Relaxed);
+                loan.commit_bad(item.index)
             }
         };
-        let capacity = self.shared.ring.layout().capacity;
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        let (head, flags) = &mut *done;
-        flags[(item.seq % capacity) as usize] = true;
-        let old = *head;
-        while flags[(*head % capacity) as usize] {
-            flags[(*head % capacity) as usize] = false;
-            *head += 1;
-        }
-        if *head != old {
-            self.shared.ring.publish(*head);
-            self.shared.published.store(*head, Ordering::Relaxed);
+        if let Some(head) = head {
+            self.shared.published.store(head, Ordering::Relaxed);
             // Wake only consumers whose next batch is now complete: one wake-up per batch.
             for m in &self.shared.lock().members {
-                m.cursor.wake_if_due(*head);
+                m.page.wake_if_due(head);
             }
         }
     }
+}
+
+/// What a producer served, from [`Producer::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    /// Samples published.
+    pub published: u64,
+    /// Of them, samples that could not be read or decoded (zero images, label −1).
+    pub bad_samples: u64,
 }
 
 /// A running producer.
@@ -236,17 +366,16 @@ impl Producer {
     ) -> Result<Self, ProducerError> {
         let size = config.augment.size();
         let layout = RingLayout::for_budget(config.ring_bytes, size, size)?;
-        if let Some(lag) = config.max_lag {
-            // A consumer is never more than a ring behind (backpressure), so a lag of C or
-            // more could never trigger; below the largest batch it would detach at once.
-            if lag < layout.max_batch() || lag >= layout.capacity {
-                return Err(ProducerError::InvalidOption(format!(
-                    "max lag {lag} must be between the largest batch ({}) and the ring's \
-                     capacity ({}) minus one",
-                    layout.max_batch(),
-                    layout.capacity
-                )));
-            }
+        if config.stall_timeout < Duration::from_millis(100) {
+            return Err(ProducerError::InvalidOption(format!(
+                "the stall timeout must be at least 100 ms, not {:?}",
+                config.stall_timeout
+            )));
+        }
+        if config.max_connections == 0 {
+            return Err(ProducerError::InvalidOption(
+                "max connections must be at least 1".into(),
+            ));
         }
         let pipeline = PipelineConfig {
             threads: config.threads,
@@ -257,6 +386,9 @@ impl Producer {
         .build()?;
         let listener = server::bind(&config.socket)?;
         let ring = ProducerRing::create(layout)?;
+        let readers = ring.readers().ok_or_else(|| {
+            ProducerError::InvalidOption("the ring's reader set was already taken".into())
+        })?;
         let info = DatasetInfo {
             len: dataset.len(),
             class_names: dataset.class_names().to_vec(),
@@ -275,21 +407,30 @@ impl Producer {
             ring,
             dataset,
             info,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                readers,
+                cuts: CutPoints::default(),
+                members: Vec::new(),
+                next_id: 0,
+            }),
             changed: Condvar::new(),
             stop,
             published: AtomicU64::new(0),
-            max_lag: config.max_lag,
+            bad: AtomicU64::new(0),
+            stall_timeout: config.stall_timeout,
+            max_connections: config.max_connections,
+            connections: AtomicUsize::new(0),
         });
+        let spawn_error = |e: std::io::Error| ProducerError::Socket {
+            path: config.socket.clone(),
+            reason: format!("cannot start a thread: {e}"),
+        };
         let server = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("ladle-control".into())
                 .spawn(move || server::serve(listener, &shared))
-                .map_err(|e| ProducerError::Socket {
-                    path: config.socket.clone(),
-                    reason: e.to_string(),
-                })?
+                .map_err(spawn_error)?
         };
         let feeder = {
             let shared = shared.clone();
@@ -297,10 +438,7 @@ impl Producer {
             std::thread::Builder::new()
                 .name("ladle-feeder".into())
                 .spawn(move || run_feeder(&shared, &pipeline, seed))
-                .map_err(|e| ProducerError::Socket {
-                    path: config.socket.clone(),
-                    reason: e.to_string(),
-                })?
+                .map_err(spawn_error)?
         };
         Ok(Self {
             shared,
@@ -320,7 +458,12 @@ impl Producer {
         self.shared.published.load(Ordering::Relaxed)
     }
 
-    /// Live consumers.
+    /// Samples published as bad (zero image, label −1) so far.
+    pub fn bad_samples(&self) -> u64 {
+        self.shared.bad.load(Ordering::Relaxed)
+    }
+
+    /// Live consumers (attached or let go).
     pub fn consumers(&self) -> usize {
         self.shared.lock().members.len()
     }
@@ -332,10 +475,13 @@ impl Producer {
     }
 
     /// Waits until the producer stops (after [`Producer::stop`] or the stop flag), tells every
-    /// consumer `End`, and removes the socket file. Returns the samples published.
-    pub fn wait(mut self) -> Result<u64, ProducerError> {
+    /// consumer `End`, and removes the socket file. Returns what it served.
+    pub fn wait(mut self) -> Result<Served, ProducerError> {
         self.join()?;
-        Ok(self.published())
+        Ok(Served {
+            published: self.published(),
+            bad_samples: self.bad_samples(),
+        })
     }
 
     fn join(&mut self) -> Result<(), ProducerError> {
@@ -363,12 +509,12 @@ impl Producer {
         // After the messages, so that consumers read the reason before they see the flag.
         self.shared.ring.end();
         for m in &self.shared.lock().members {
-            m.cursor.wake();
+            m.page.wake();
         }
         for m in &self.shared.lock().members {
             let _ = m.socket.shutdown(std::net::Shutdown::Both);
         }
-        server::wake_listener(&self.socket);
+        // The accept loop polls the stop flag: stopping does not depend on the socket file.
         if let Some(server) = self.server.take() {
             let _ = server.join();
         }
@@ -388,72 +534,87 @@ impl Drop for Producer {
     }
 }
 
-/// How long the feeder sleeps before re-checking stop flags, joins and leaves.
+/// How long the feeder sleeps before re-checking stop flags, joins, leaves and stalls.
 const POLL: Duration = Duration::from_millis(50);
 
-/// Hands out `(seq, index, epoch)` items to the pipeline, waiting for room in the ring.
+/// The pipeline's work: a write loan for each next sequence, with its dataset index.
+struct FeedSource<'a> {
+    shared: &'a Shared,
+    feed: Feed,
+}
+
+impl<'a> WorkSource for FeedSource<'a> {
+    type Item = (WorkItem, WriteLoan<'a>);
+
+    fn next(&mut self, wait: bool) -> Poll<Option<Self::Item>> {
+        let shared = self.shared;
+        let mut state = shared.lock();
+        loop {
+            if shared.stop.load(Ordering::SeqCst) {
+                return Poll::Ready(None);
+            }
+            match shared.ring.try_loan(&state.readers) {
+                Gate::Loan(loan) => {
+                    let seq = loan.seq();
+                    let (index, epoch) = self.feed.index_of(seq, &state.cuts);
+                    Shared::clear_watches(&mut state);
+                    return Poll::Ready(Some((WorkItem { seq, index, epoch }, loan)));
+                }
+                Gate::Violations(violations) => {
+                    for v in violations {
+                        let reason = format!(
+                            "its cursor {} lies outside {}..={} (where it started .. the head)",
+                            v.cursor,
+                            v.floor,
+                            v.head.max(v.floor)
+                        );
+                        shared.detach(&mut state, v.id, &reason);
+                    }
+                }
+                Gate::Idle => {
+                    if !wait {
+                        return Poll::Pending;
+                    }
+                    // Nobody to produce for: sleep until someone joins.
+                    state = shared
+                        .changed
+                        .wait_timeout(state, POLL)
+                        .map_or_else(|p| p.into_inner().0, |r| r.0);
+                }
+                Gate::Full { id, cursor, page } => {
+                    if shared.check_stall(&mut state, id, cursor) {
+                        continue;
+                    }
+                    if !wait {
+                        return Poll::Pending;
+                    }
+                    // Ring full: sleep on the slowest consumer's cursor (it wakes us on
+                    // release), at most POLL, so that stalls and stops are seen.
+                    drop(state);
+                    let asleep = Instant::now();
+                    page.wait_for_release(cursor, POLL);
+                    if page.cursor() == cursor && asleep.elapsed() < Duration::from_millis(1) {
+                        // Its futex word disagrees with its cursor (a broken or hostile
+                        // consumer): bound the rate instead of spinning.
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    state = shared.lock();
+                }
+            }
+        }
+    }
+}
+
+/// Runs the pipeline over the feed until the producer stops.
 fn run_feeder(
     shared: &Shared,
     pipeline: &ladle_datasets::pipeline::Pipeline,
     seed: u64,
 ) -> Result<(), ProducerError> {
-    let capacity = shared.ring.layout().capacity;
-    let mut feed = Feed::new(shared.info.len, seed);
-    let items = std::iter::from_fn(|| {
-        let mut state = shared.lock();
-        loop {
-            if shared.stop.load(Ordering::SeqCst) {
-                return None;
-            }
-            let seq = state.next_seq;
-            let head = shared.ring.head();
-            detach_laggards(shared, &mut state, head);
-            let slowest = state.members.iter().min_by_key(|m| m.cursor.cursor());
-            let Some(slowest) = slowest else {
-                // Nobody to produce for: sleep until someone joins.
-                state = shared
-                    .changed
-                    .wait_timeout(state, POLL)
-                    .map_or_else(|p| p.into_inner().0, |r| r.0);
-                continue;
-            };
-            let min_cursor = slowest.cursor.cursor();
-            if protocol_core::may_write(seq, min_cursor, capacity) {
-                let (index, epoch) = feed.index_of(seq, &state.cuts);
-                state.next_seq += 1;
-                return Some(WorkItem { seq, index, epoch });
-            }
-            // Ring full: sleep on the slowest consumer's cursor (it wakes us on release).
-            let page = slowest.cursor.clone();
-            drop(state);
-            page.wait_for_release(min_cursor, POLL);
-            state = shared.lock();
-        }
-    });
-    let sink = RingSink {
+    let source = FeedSource {
         shared,
-        done: Mutex::new((0, vec![false; capacity as usize])),
+        feed: Feed::new(shared.info.len, seed),
     };
-    pipeline.run(shared.dataset.as_ref(), items, &sink)?;
+    pipeline.run_from(shared.dataset.as_ref(), source, &RingSink { shared })?;
     Ok(())
-}
-
-/// With `max_lag` set, detaches every consumer more than that many samples behind `head`.
-fn detach_laggards(shared: &Shared, state: &mut State, head: u64) {
-    let Some(lag) = shared.max_lag else { return };
-    let (late, keep): (Vec<Member>, Vec<Member>) = state
-        .members
-        .drain(..)
-        .partition(|m| head.saturating_sub(m.cursor.cursor()) > lag);
-    state.members = keep;
-    for m in late {
-        state.cuts.remove(m.start % shared.info.len);
-        let reason = format!(
-            "consumer {:?} fell more than {lag} samples behind the producer and was detached",
-            m.name
-        );
-        tracing::warn!(consumer = m.id, "{reason}");
-        let _ = ladle_ring::protocol::send(&m.socket, &ServerMessage::Detached { reason }, &[]);
-        let _ = m.socket.shutdown(std::net::Shutdown::Both);
-    }
 }

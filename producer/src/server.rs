@@ -1,29 +1,48 @@
 //! The control server: admits consumers on a Unix socket and notices when they go.
+//!
+//! One thread per connection, at most [`ProducerConfig::max_connections`](crate::ProducerConfig)
+//! of them (more are refused with a reason); a new connection has [`HELLO_TIMEOUT`] in all to
+//! say `Hello`, however slowly its bytes arrive. The accept loop polls the listener with a
+//! timeout, so it sees the stop flag without anyone connecting (stopping does not depend on
+//! the socket file), and backs off when the process is out of file descriptors instead of
+//! spinning on a connection it cannot accept.
 
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ladle_ring::protocol::{self, ClientMessage, Hello, PROTOCOL_VERSION, ServerMessage, Welcome};
 use ladle_ring::{CursorPage, ProtocolError, sys};
 
 use crate::{Member, ProducerError, Shared};
 
-/// How long a new connection has to say `Hello`.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new connection has, in all, to say `Hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Characters of a consumer's name kept for logs.
+pub const MAX_NAME: usize = 128;
+
+/// How often the accept loop looks at the stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
 /// Binds `path` with mode 0600. A socket file left by a dead producer is replaced; one that a
-/// live producer answers on is an error.
+/// live producer answers on is an error, and so is anything at `path` that is not a socket
+/// (it is left as it is).
 pub(crate) fn bind(path: &Path) -> Result<UnixListener, ProducerError> {
     let fail = |reason: String| ProducerError::Socket {
         path: path.into(),
         reason,
     };
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(fail(
+                "a file that is not a socket is in the way; refusing to replace it".into(),
+            ));
+        }
         if UnixStream::connect(path).is_ok() {
             return Err(fail("another producer is serving on it".into()));
         }
@@ -33,63 +52,153 @@ pub(crate) fn bind(path: &Path) -> Result<UnixListener, ProducerError> {
     let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| fail(format!("cannot set mode 0600: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| fail(format!("cannot make the listener non-blocking: {e}")))?;
     Ok(listener)
 }
 
-/// Unblocks the accept loop so that it sees the stop flag.
-pub(crate) fn wake_listener(path: &Path) {
-    let _ = UnixStream::connect(path);
-}
-
-/// Accepts connections until the producer stops; one thread per consumer connection.
+/// Accepts connections until the producer stops; one thread per consumer connection, at most
+/// `max_connections`.
 pub(crate) fn serve(listener: UnixListener, shared: &Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            break;
+    let mut out_of_fds_since: Option<Instant> = None;
+    while !shared.stop.load(Ordering::SeqCst) {
+        let mut fds = [rustix::event::PollFd::new(
+            &listener,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: ACCEPT_POLL.as_nanos() as i64,
+        };
+        if rustix::event::poll(&mut fds, Some(&timeout)).is_err() {
+            continue; // EINTR
         }
-        let Ok(conn) = conn else { continue };
-        let shared = shared.clone();
+        let conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                // EMFILE / ENFILE / ENOBUFS: the connection stays queued; retrying at once
+                // would spin. Say so once per episode and back off.
+                if out_of_fds_since.is_none() {
+                    tracing::warn!("cannot accept a connection ({e}); backing off");
+                }
+                out_of_fds_since.get_or_insert_with(Instant::now);
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+        };
+        if let Some(since) = out_of_fds_since.take() {
+            tracing::info!(
+                "accepting connections again after {:.1} s",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        // Accepted sockets do not inherit O_NONBLOCK on Linux; make sure.
+        let _ = conn.set_nonblocking(false);
+        let live = shared.connections.fetch_add(1, Ordering::SeqCst);
+        if live >= shared.max_connections {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            let reason = format!(
+                "too many connections: this producer serves at most {}",
+                shared.max_connections
+            );
+            tracing::warn!("refused a connection: {reason}");
+            let _ = conn.set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = protocol::send(&conn, &ServerMessage::Reject { reason }, &[]);
+            continue;
+        }
+        let for_thread = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("ladle-consumer-conn".into())
-            .spawn(move || handle(conn, &shared));
+            .spawn(move || {
+                handle(&conn, &for_thread);
+                for_thread.connections.fetch_sub(1, Ordering::SeqCst);
+            });
         if let Err(e) = spawned {
+            // The connection went with the closure; its count goes too.
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
             tracing::error!("cannot start a connection thread: {e}");
         }
     }
 }
 
-/// Admits one consumer, then waits for it to leave (message or EOF).
-fn handle(conn: UnixStream, shared: &Shared) {
-    let id = match admit(&conn, shared) {
+/// Admits one consumer, then serves its messages until it leaves (message or EOF).
+fn handle(conn: &UnixStream, shared: &Shared) {
+    let id = match admit(conn, shared) {
         Ok(id) => id,
-        Err(reason) => {
+        Err(Refusal::Gone) => {
+            // A probe (`ladle serve` readiness checks do this) or a client that gave up.
+            tracing::debug!("a connection closed before saying Hello");
+            return;
+        }
+        Err(Refusal::Reason(reason)) => {
             tracing::warn!("refused a connection: {reason}");
-            let _ = protocol::send(&conn, &ServerMessage::Reject { reason }, &[]);
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = protocol::send(conn, &ServerMessage::Reject { reason }, &[]);
             return;
         }
     };
-    // Consumers send nothing after Hello but Leave; any frame, EOF or error ends them.
-    let why = match protocol::recv::<ClientMessage>(&conn) {
-        Ok((ClientMessage::Leave, _)) => "left".to_owned(),
-        Ok((ClientMessage::Hello(_), _)) => "sent a second Hello".to_owned(),
-        Err(ProtocolError::Closed) => "connection closed".to_owned(),
-        Err(e) => format!("protocol error: {e}"),
+    let why = loop {
+        match protocol::recv::<ClientMessage>(conn) {
+            Ok((ClientMessage::Leave, _)) => break "left".to_owned(),
+            Ok((ClientMessage::Rejoin, _)) => {
+                if let Err(reason) = rejoin(shared, id) {
+                    shared.detach(&mut shared.lock(), id, &reason);
+                    break reason;
+                }
+            }
+            Ok((ClientMessage::Hello(_), _)) => break "sent a second Hello".to_owned(),
+            Err(ProtocolError::Closed) => break "connection closed".to_owned(),
+            Err(e) => break format!("protocol error: {e}"),
+        }
     };
     shared.remove(id, &why);
 }
 
+/// A consumer's name as logs show it: at most [`MAX_NAME`] characters, quoted and escaped,
+/// so that no name can forge a log line.
+fn log_name(name: &str) -> String {
+    let short: String = name.chars().take(MAX_NAME).collect();
+    format!("{short:?}")
+}
+
+/// Why a connection was not admitted.
+enum Refusal {
+    /// It closed before saying `Hello`: nothing to tell it.
+    Gone,
+    /// Told to the peer (`Reject`) and logged.
+    Reason(String),
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Self::Reason(reason)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(reason: &str) -> Self {
+        Self::Reason(reason.to_owned())
+    }
+}
+
 /// Checks the peer and its `Hello`, registers it and sends `Welcome` with the fds.
-fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, String> {
+fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     let peer = sys::peer_uid(conn).map_err(|e| format!("SO_PEERCRED failed: {e}"))?;
     if peer != sys::my_uid() {
-        return Err(format!("peer uid {peer} is not ours ({})", sys::my_uid()));
+        return Err(format!("peer uid {peer} is not ours ({})", sys::my_uid()).into());
     }
-    conn.set_read_timeout(Some(HELLO_TIMEOUT))
+    conn.set_write_timeout(Some(HELLO_TIMEOUT))
         .map_err(|e| e.to_string())?;
-    let hello = match protocol::recv::<ClientMessage>(conn) {
+    let hello = match protocol::recv_by::<ClientMessage>(conn, Instant::now() + HELLO_TIMEOUT) {
         Ok((ClientMessage::Hello(hello), _)) => hello,
-        Ok((other, _)) => return Err(format!("expected Hello, got {other:?}")),
-        Err(e) => return Err(e.to_string()),
+        Ok((other, _)) => return Err(format!("expected Hello, got {other:?}").into()),
+        Err(ProtocolError::Closed) => return Err(Refusal::Gone),
+        Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+            return Err(format!("no Hello within {HELLO_TIMEOUT:?}").into());
+        }
+        Err(e) => return Err(format!("bad Hello: {e}").into()),
     };
     conn.set_read_timeout(None).map_err(|e| e.to_string())?;
     let Hello {
@@ -99,10 +208,12 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, String> {
         pid,
         ..
     } = hello;
+    let name = log_name(&name);
     if version != PROTOCOL_VERSION {
         return Err(format!(
-            "protocol version mismatch: the producer speaks {PROTOCOL_VERSION}, {name:?} speaks {version}"
-        ));
+            "protocol version mismatch: the producer speaks {PROTOCOL_VERSION}, {name} speaks {version}"
+        )
+        .into());
     }
     let layout = *shared.ring.layout();
     if batch_size == 0 || u64::from(batch_size) > layout.max_batch() {
@@ -110,14 +221,18 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, String> {
             "batch size {batch_size} is outside 1..={} (half the ring's {} samples)",
             layout.max_batch(),
             layout.capacity
-        ));
+        )
+        .into());
     }
     let socket = conn.try_clone().map_err(|e| e.to_string())?;
+    let page = Arc::new(CursorPage::create(0).map_err(|e| e.to_string())?);
     let mut state = shared.lock();
-    let start = state.next_seq;
-    let cursor = CursorPage::create(start).map_err(|e| e.to_string())?;
     let id = state.next_id;
     state.next_id += 1;
+    let start = state
+        .readers
+        .attach(&shared.ring, id, page.clone(), None)
+        .map_err(|e| e.to_string())?;
     let welcome = Welcome {
         version: PROTOCOL_VERSION,
         consumer_id: id,
@@ -125,23 +240,62 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, String> {
         dataset: shared.info.clone(),
         start_seq: start,
     };
-    let cursor_fd = cursor.fd().ok_or("cursor page without a file")?;
-    protocol::send(
-        conn,
-        &ServerMessage::Welcome(welcome),
-        &[shared.ring.fd(), cursor_fd.as_fd()],
-    )
-    .map_err(|e| e.to_string())?;
+    let sent = match page.fd() {
+        Some(cursor_fd) => protocol::send(
+            conn,
+            &ServerMessage::Welcome(welcome),
+            &[shared.ring.fd(), cursor_fd.as_fd()],
+        )
+        .map_err(|e| e.to_string()),
+        None => Err("cursor page without a file".to_owned()),
+    };
+    if let Err(e) = sent {
+        state.readers.detach(id);
+        return Err(e.into());
+    }
     state.cuts.add(start % shared.info.len);
-    tracing::info!(consumer = id, %name, pid, batch_size, start, "consumer joined");
+    tracing::info!(consumer = id, name = %name, pid, batch_size, start, "consumer joined");
     state.members.push(Member {
         id,
         name,
         start,
-        cursor: Arc::new(cursor),
+        page,
         socket,
+        attached: true,
+        watch: None,
     });
     drop(state);
     shared.changed.notify_all();
     Ok(id)
+}
+
+/// Attaches a consumer that was let go again, at the producer's next sequence, and tells it
+/// where (`Rejoined`). A consumer that is attached has nothing to rejoin: an error.
+fn rejoin(shared: &Shared, id: u64) -> Result<(), String> {
+    let mut state = shared.lock();
+    let state = &mut *state;
+    let m = state
+        .members
+        .iter_mut()
+        .find(|m| m.id == id)
+        .ok_or("rejoin from an unknown consumer")?;
+    if m.attached {
+        return Err("sent Rejoin while attached".into());
+    }
+    let start = state
+        .readers
+        .attach(&shared.ring, id, m.page.clone(), None)
+        .map_err(|e| e.to_string())?;
+    m.start = start;
+    m.attached = true;
+    state.cuts.add(start % shared.info.len);
+    protocol::send(
+        &m.socket,
+        &ServerMessage::Rejoined { start_seq: start },
+        &[],
+    )
+    .map_err(|e| format!("cannot answer Rejoin: {e}"))?;
+    tracing::info!(consumer = id, name = %m.name, start, "consumer rejoined");
+    shared.changed.notify_all();
+    Ok(())
 }

@@ -30,9 +30,13 @@ pub mod protocol_core;
 pub mod shm;
 mod sync;
 pub mod sys;
+#[cfg(not(loom))]
+pub mod writer;
 
 pub use error::{LayoutError, ProtocolError, ShmError};
 pub use layout::RingLayout;
 pub use protocol::PROTOCOL_VERSION;
 #[cfg(not(loom))]
-pub use shm::{ConsumerRing, CursorPage, ProducerRing};
+pub use shm::{ConsumerRing, CursorPage, LetGo, ProducerRing};
+#[cfg(not(loom))]
+pub use writer::{AttachError, Gate, Readers, Violation, WriteLoan};

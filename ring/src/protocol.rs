@@ -11,11 +11,20 @@
 //!   Hello{version, batch_size, …} ─►
 //!                                 ◄─ Welcome{layout, dataset, start_seq} + [ring fd, cursor fd]
 //!                                 ◄─ End{reason} | Detached{reason}   (any time)
+//!   Rejoin                        ─►  (after the producer let it go: see below)
+//!                                 ◄─ Rejoined{start_seq}
 //!   Leave                         ─►  (or just close: EOF is a leave)
 //! ```
+//!
+//! A consumer that takes no batch for the producer's stall timeout while holding the feed back
+//! is *let go*: its cursor stops gating the producer, and the let-go bit in its cursor page's
+//! lease word makes its next delivery fail (`CursorPage::deliver`), so it never hands out a
+//! batch from slots the producer may have overwritten. It then sends `Rejoin` and is attached
+//! again at the producer's next sequence, like a late joiner (protocol version 3).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +33,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -78,6 +87,8 @@ pub enum ClientMessage {
     Hello(Hello),
     /// Leave now (closing the socket does the same).
     Leave,
+    /// Attach again after being let go; answered with [`ServerMessage::Rejoined`].
+    Rejoin,
 }
 
 /// Producer → consumer.
@@ -96,10 +107,15 @@ pub enum ServerMessage {
         /// Why.
         reason: String,
     },
-    /// This consumer was detached (e.g. it fell too far behind).
+    /// This consumer was detached for good (it broke the protocol).
     Detached {
         /// Why.
         reason: String,
+    },
+    /// Answer to [`ClientMessage::Rejoin`]: attached again, its cursor at `start_seq`.
+    Rejoined {
+        /// Where the consumer's cursor now stands: the producer's next sequence.
+        start_seq: u64,
     },
 }
 
@@ -122,14 +138,24 @@ pub fn send<M: Serialize>(
     sys::send_with_fds(sock.as_fd(), &frame, fds).map_err(|e| ProtocolError::Io(e.into()))
 }
 
-/// Reads exactly `buf.len()` bytes, collecting any fds that arrive with them.
+/// Reads exactly `buf.len()` bytes, collecting any fds that arrive with them; with a
+/// `deadline`, gives up with `TimedOut` once it passes, however the bytes trickle in.
 fn read_exact_with_fds(
     sock: &UnixStream,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
+    deadline: Option<Instant>,
 ) -> Result<(), ProtocolError> {
     let mut have = 0;
     while have < buf.len() {
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ProtocolError::Io(std::io::ErrorKind::TimedOut.into()));
+            }
+            sock.set_read_timeout(Some(left))
+                .map_err(ProtocolError::Io)?;
+        }
         match sys::recv_with_fds(sock.as_fd(), &mut buf[have..]) {
             Ok((0, _)) => return Err(ProtocolError::Closed),
             Ok((n, received)) => {
@@ -137,6 +163,10 @@ fn read_exact_with_fds(
                 fds.extend(received);
             }
             Err(rustix::io::Errno::INTR) => continue,
+            // SO_RCVTIMEO ran out: say so in words, not as EAGAIN.
+            Err(rustix::io::Errno::AGAIN) if deadline.is_some() => {
+                return Err(ProtocolError::Io(std::io::ErrorKind::TimedOut.into()));
+            }
             Err(e) => return Err(ProtocolError::Io(e.into())),
         }
     }
@@ -147,9 +177,26 @@ fn read_exact_with_fds(
 pub fn recv<M: for<'de> Deserialize<'de>>(
     sock: &UnixStream,
 ) -> Result<(M, Vec<OwnedFd>), ProtocolError> {
+    recv_frame(sock, None)
+}
+
+/// [`recv`] that fails with `TimedOut` once `deadline` passes, even against a peer that
+/// sends one byte at a time (a per-read timeout would let it hold the connection forever).
+/// Leaves the socket's read timeout set; callers that go on reading set their own.
+pub fn recv_by<M: for<'de> Deserialize<'de>>(
+    sock: &UnixStream,
+    deadline: Instant,
+) -> Result<(M, Vec<OwnedFd>), ProtocolError> {
+    recv_frame(sock, Some(deadline))
+}
+
+fn recv_frame<M: for<'de> Deserialize<'de>>(
+    sock: &UnixStream,
+    deadline: Option<Instant>,
+) -> Result<(M, Vec<OwnedFd>), ProtocolError> {
     let mut fds = Vec::new();
     let mut len = [0u8; 4];
-    read_exact_with_fds(sock, &mut len, &mut fds)?;
+    read_exact_with_fds(sock, &mut len, &mut fds, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
         return Err(ProtocolError::Oversize {
@@ -158,7 +205,7 @@ pub fn recv<M: for<'de> Deserialize<'de>>(
         });
     }
     let mut body = vec![0u8; len];
-    read_exact_with_fds(sock, &mut body, &mut fds)?;
+    read_exact_with_fds(sock, &mut body, &mut fds, deadline)?;
     let message =
         serde_json::from_slice(&body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     Ok((message, fds))
@@ -224,6 +271,31 @@ mod tests {
             recv::<ClientMessage>(&b),
             Err(ProtocolError::Closed)
         ));
+    }
+
+    #[test]
+    fn a_peer_trickling_one_byte_at_a_time_cannot_outlast_the_deadline() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let trickle = std::thread::spawn(move || {
+            // A valid length prefix, then a byte every 50 ms: each read succeeds in time.
+            let _ = a.write_all(&100u32.to_le_bytes());
+            for _ in 0..40 {
+                if a.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        let started = Instant::now();
+        let deadline = started + std::time::Duration::from_millis(300);
+        let err = recv_by::<ClientMessage>(&b, deadline).unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::Io(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)),
+            "{err:?}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        drop(b);
+        trickle.join().unwrap();
     }
 
     #[test]

@@ -37,3 +37,103 @@ pub fn release(cursor: &AtomicU64, upto: u64) {
 pub fn cursor(cursor: &AtomicU64) -> u64 {
     cursor.load(Ordering::Acquire)
 }
+
+/// The let-go bit of a consumer's lease word (see [`deliver`]).
+pub const LET_GO: u64 = 1;
+/// Bits 1..16 of the lease word count deliveries (wrapping): a consumer that delivers a batch
+/// always changes its word, even when its position does not move.
+const COUNT_MASK: u64 = 0x7fff << 1;
+/// Bits 16..64 hold the low 48 bits of the delivered position.
+const POSITION_SHIFT: u32 = 16;
+
+/// A lease word for `position`, delivery count `count`, not let go.
+pub fn lease_word(position: u64, count: u64) -> u64 {
+    (position << POSITION_SHIFT) | ((count << 1) & COUNT_MASK)
+}
+
+/// The full position a lease word holds, given any sequence number `near` it at most 2^47
+/// after or before (the head): the word keeps only the low 48 bits.
+pub fn lease_position(word: u64, near: u64) -> u64 {
+    let low = word >> POSITION_SHIFT;
+    let modulus = 1u64 << (64 - POSITION_SHIFT);
+    let below = near.wrapping_sub(low) & (modulus - 1);
+    if below <= modulus / 2 {
+        near.wrapping_sub(below)
+    } else {
+        near.wrapping_add(modulus - below)
+    }
+}
+
+/// Consumer: hands a batch to its user, recording that every sample below `position` is
+/// delivered (or skipped). Fails, changing nothing, once the producer has let this consumer
+/// go ([`let_go`]): then the batch must not be handed out, and the word (returned) says
+/// where the producer took the consumer to be.
+pub fn deliver(lease: &AtomicU64, position: u64) -> Result<(), u64> {
+    let mut current = lease.load(Ordering::Acquire);
+    loop {
+        if current & LET_GO != 0 {
+            return Err(current);
+        }
+        let count = ((current & COUNT_MASK) >> 1).wrapping_add(1);
+        let next = lease_word(position, count);
+        match lease.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(()),
+            Err(now) => current = now,
+        }
+    }
+}
+
+/// Producer: lets a consumer go if its lease word is still `seen` (it delivered nothing
+/// since the producer read `seen`). Returns whether it did. A consumer let go never gets a
+/// batch from slots the producer may now overwrite: its next [`deliver`] fails.
+pub fn let_go(lease: &AtomicU64, seen: u64) -> bool {
+    seen & LET_GO == 0
+        && lease
+            .compare_exchange(seen, seen | LET_GO, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+}
+
+/// Anyone: the lease word.
+pub fn lease(lease: &AtomicU64) -> u64 {
+    lease.load(Ordering::Acquire)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_always_changes_the_word_and_a_let_go_stops_the_next() {
+        let word = AtomicU64::new(lease_word(5, 0));
+        let seen = lease(&word);
+        deliver(&word, 5).unwrap();
+        assert_ne!(
+            lease(&word),
+            seen,
+            "a delivery at the same position went unseen"
+        );
+        assert!(!let_go(&word, seen), "let go over a newer delivery");
+        let seen = lease(&word);
+        assert!(let_go(&word, seen));
+        let err = deliver(&word, 9).unwrap_err();
+        assert_eq!(lease_position(err, 7), 5);
+        assert!(!let_go(&word, lease(&word)), "let go twice");
+    }
+
+    #[test]
+    fn positions_survive_the_48_bit_word_near_the_head() {
+        for position in [
+            0u64,
+            1,
+            (1 << 48) - 1,
+            1 << 48,
+            (1 << 50) + 12345,
+            u64::MAX / 2,
+        ] {
+            let word = lease_word(position, 3);
+            for near in [position, position + 4096, position.saturating_sub(4096)] {
+                assert_eq!(lease_position(word, near), position, "near {near}");
+            }
+        }
+    }
+}

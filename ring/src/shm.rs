@@ -8,6 +8,7 @@ use crate::error::ShmError;
 use crate::layout::RingLayout;
 use crate::protocol_core;
 use crate::sys::{self, Mapping, PAGE};
+use crate::writer::{self, Publisher, PublisherLock, TakenFlag};
 
 /// "ladlerng" in ASCII.
 const MAGIC: u64 = 0x676e_7272_656c_6461;
@@ -35,13 +36,19 @@ struct CursorWords {
     cursor: AtomicU64,
     /// Low 32 bits of `cursor`, the futex word the producer sleeps on.
     cursor_word: AtomicU32,
-    /// Non-zero while the consumer sleeps on the head (so the producer knows to wake it).
+    /// How many of the consumer's threads sleep on the head (so the producer knows to wake
+    /// them). With more than one, the producer wakes them on every publish (each re-checks
+    /// its own target), so that no thread's wake-up is lost to another's `wake_at`.
     waiting: AtomicU32,
-    /// While `waiting`: the head the consumer waits for (the end of its next batch).
+    /// While one thread waits: the head it waits for (the end of its next batch).
     wake_at: AtomicU64,
     /// The futex word the consumer sleeps on; the producer bumps it to wake the consumer once
     /// the head reaches `wake_at`, so a batch of B samples costs one wake-up, not B.
     wake_word: AtomicU32,
+    /// The lease word ([`protocol_core::deliver`]): what the consumer has delivered, a count
+    /// that changes on every delivery, and the let-go bit the producer sets on a consumer
+    /// that held the feed back for the stall timeout without taking a batch.
+    lease: AtomicU64,
 }
 
 /// The three double-mapped sample regions.
@@ -73,6 +80,9 @@ pub struct ProducerRing {
     fd: OwnedFd,
     header: Mapping,
     regions: Regions,
+    id: u64,
+    publisher: PublisherLock,
+    readers_taken: TakenFlag,
 }
 
 impl ProducerRing {
@@ -95,6 +105,9 @@ impl ProducerRing {
             fd,
             header,
             regions,
+            id: writer::new_ring_id(),
+            publisher: PublisherLock::new(Publisher::new(layout.capacity)),
+            readers_taken: TakenFlag::new(false),
         };
         ring.header().magic.store(MAGIC, Ordering::Release);
         Ok(ring)
@@ -121,14 +134,27 @@ impl ProducerRing {
         self.header().head.load(Ordering::Acquire)
     }
 
-    /// The writable buffers of sequence `seq`: its image, label and dataset index.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn publisher_lock(&self) -> &PublisherLock {
+        &self.publisher
+    }
+
+    pub(crate) fn readers_taken(&self) -> &TakenFlag {
+        &self.readers_taken
+    }
+
+    /// The writable buffers of sequence `seq`: its image, label and dataset index. Reached
+    /// only through a [`WriteLoan`](crate::writer::WriteLoan) outside tests.
     ///
     /// # Safety
     /// The caller must be the only one touching `seq`'s slot until it is published, and
     /// the slot must be free: `protocol_core::may_write(seq, min_cursor, capacity)` held for
     /// the cursors of all live consumers, and `seq` is at or above the head.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slot_mut(&self, seq: u64) -> (&mut [u8], &mut i64, &mut u64) {
+    pub(crate) unsafe fn slot_mut(&self, seq: u64) -> (&mut [u8], &mut i64, &mut u64) {
         let slot = (seq % self.layout.capacity) as usize;
         let bytes = self.layout.sample_bytes();
         // SAFETY: `slot < capacity`, so each pointer stays inside its region's first copy;
@@ -147,7 +173,7 @@ impl ProducerRing {
 
     /// Publishes every sample below `new_head`. Then call [`CursorPage::wake_if_due`] on each
     /// consumer's page: a consumer sleeps until the head reaches the end of its next batch.
-    pub fn publish(&self, new_head: u64) {
+    pub(crate) fn publish(&self, new_head: u64) {
         let header = self.header();
         protocol_core::publish(&header.head, new_head);
         header.head_word.store(new_head as u32, Ordering::SeqCst);
@@ -223,7 +249,7 @@ impl ConsumerRing {
     pub fn wait_for_head(&self, cursor: &CursorPage, target: u64, timeout: std::time::Duration) {
         let words = cursor.words();
         words.wake_at.store(target, Ordering::SeqCst);
-        words.waiting.store(1, Ordering::SeqCst);
+        words.waiting.fetch_add(1, Ordering::SeqCst);
         // Read the wake word before the head: a producer that publishes after this read
         // either sees `waiting` and bumps the word (so the futex wait returns at once), or
         // published before it, and then the head read below sees it. All SeqCst.
@@ -231,7 +257,7 @@ impl ConsumerRing {
         if self.head() < target && !self.ended() {
             sys::futex_wait(&words.wake_word, word, timeout);
         }
-        words.waiting.store(0, Ordering::SeqCst);
+        words.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// `count` images from sequence `start`, as one contiguous `[count, H, W, 3]` slice.
@@ -310,9 +336,7 @@ impl CursorPage {
         // otherwise kill the producer with SIGBUS at its next read of the cursor.
         sys::seal_size(fd.as_fd()).map_err(ShmError::os("sealing a cursor page"))?;
         let page = Self::map(fd.as_fd())?;
-        let words = page.words();
-        words.cursor.store(start, Ordering::Release);
-        words.cursor_word.store(start as u32, Ordering::Release);
+        page.reattach(start);
         Ok(Self {
             fd: Some(fd),
             map: page.map,
@@ -362,12 +386,49 @@ impl CursorPage {
         self.words().waiting.load(Ordering::SeqCst) != 0
     }
 
-    /// Producer, after publishing up to `head`: wakes this consumer if it sleeps waiting for
-    /// a head at or below `head`. Returns whether it did.
+    /// Consumer: records that everything below `position` is delivered, as one atomic step
+    /// that fails once the producer has let this consumer go (then the batch must not be
+    /// handed out). See [`protocol_core::deliver`].
+    pub fn deliver(&self, position: u64) -> Result<(), LetGo> {
+        protocol_core::deliver(&self.words().lease, position).map_err(|_| LetGo)
+    }
+
+    /// Whether the producer has let this consumer go (and not re-attached it since).
+    pub fn is_let_go(&self) -> bool {
+        protocol_core::lease(&self.words().lease) & protocol_core::LET_GO != 0
+    }
+
+    /// Producer: the lease word, to compare with a later one (a consumer that delivers a
+    /// batch always changes it).
+    pub fn lease(&self) -> u64 {
+        protocol_core::lease(&self.words().lease)
+    }
+
+    /// Producer: lets this consumer go if its lease word is still `seen`; returns whether it
+    /// did. From then on the producer may overwrite what it holds, and its next delivery
+    /// fails instead of handing out a batch.
+    pub fn let_go(&self, seen: u64) -> bool {
+        protocol_core::let_go(&self.words().lease, seen)
+    }
+
+    /// Producer: puts the cursor at `at` and clears the lease, for a consumer (re)attached
+    /// at `at`. Only while the consumer does not use the page (before `Welcome`, or while it
+    /// waits for `Rejoined`).
+    pub(crate) fn reattach(&self, at: u64) {
+        let words = self.words();
+        words.cursor.store(at, Ordering::SeqCst);
+        words.cursor_word.store(at as u32, Ordering::SeqCst);
+        words
+            .lease
+            .store(protocol_core::lease_word(at, 0), Ordering::SeqCst);
+    }
+
+    /// Producer, after publishing up to `head`: wakes this consumer if one of its threads
+    /// sleeps waiting for a head at or below `head` (or several sleep). Returns whether it did.
     pub fn wake_if_due(&self, head: u64) -> bool {
         let words = self.words();
-        if words.waiting.load(Ordering::SeqCst) != 0 && head >= words.wake_at.load(Ordering::SeqCst)
-        {
+        let waiting = words.waiting.load(Ordering::SeqCst);
+        if waiting > 1 || (waiting == 1 && head >= words.wake_at.load(Ordering::SeqCst)) {
             self.wake();
             true
         } else {
@@ -383,12 +444,20 @@ impl CursorPage {
     }
 
     /// Producer: sleeps until this consumer's cursor moves past `seen` or `timeout` passes.
+    /// The futex word is the consumer's to write: one that disagrees with the cursor ends
+    /// the sleep at once, so a caller that loops must bound its own rate (the producer's
+    /// feeder does).
     pub fn wait_for_release(&self, seen: u64, timeout: std::time::Duration) {
         if self.cursor() == seen {
             sys::futex_wait(&self.words().cursor_word, seen as u32, timeout);
         }
     }
 }
+
+/// The producer let this consumer go: it took no batch for the stall timeout while holding
+/// the feed back. What it held may have been overwritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LetGo;
 
 #[cfg(test)]
 mod tests {

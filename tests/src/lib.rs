@@ -144,8 +144,16 @@ impl Fixture {
 
     /// Starts `ladle ARGS` with piped output; returns its handle.
     pub fn spawn(&mut self, args: &[&str]) -> usize {
-        let mut child = Command::new(ladle_bin())
-            .args(args)
+        self.start(Command::new(ladle_bin()).args(args))
+    }
+
+    /// Starts `PROGRAM ARGS` (`argv`) with piped output, e.g. `ladle` under `prlimit`.
+    pub fn spawn_program(&mut self, argv: &[&str]) -> usize {
+        self.start(Command::new(argv[0]).args(&argv[1..]))
+    }
+
+    fn start(&mut self, command: &mut Command) -> usize {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -170,6 +178,13 @@ impl Fixture {
             socket.to_str().unwrap(),
         ];
         let i = self.spawn(&[&args[..], extra].concat());
+        self.wait_for_socket(i);
+        i
+    }
+
+    /// Waits until child `i` (a producer) accepts connections on the fixture's socket.
+    pub fn wait_for_socket(&mut self, i: usize) {
+        let socket = self.socket();
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             if let Some(status) = self.children[i].try_wait().unwrap() {
@@ -178,7 +193,6 @@ impl Fixture {
             assert!(Instant::now() < deadline, "ladle serve did not come up");
             std::thread::sleep(Duration::from_millis(20));
         }
-        i
     }
 
     /// Starts `ladle consume --json` on the fixture's socket.

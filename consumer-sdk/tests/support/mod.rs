@@ -15,7 +15,7 @@ use std::time::Duration;
 use ladle_ring::protocol::{
     self, ClientMessage, DatasetInfo, PROTOCOL_VERSION, ServerMessage, Welcome,
 };
-use ladle_ring::{CursorPage, ProducerRing, RingLayout};
+use ladle_ring::{CursorPage, Gate, ProducerRing, RingLayout};
 
 /// Ring capacity of the test producer (8×8 images).
 pub(crate) const CAPACITY: u64 = 512;
@@ -262,7 +262,10 @@ fn serve(
     shared: &Shared,
 ) {
     let ring = ring();
+    let mut readers = ring.readers().unwrap();
+    ring.start_at(&readers, start_seq).unwrap();
     let page = Arc::new(CursorPage::create(start_seq).unwrap());
+    readers.attach(&ring, 1, page.clone(), None).unwrap();
     *shared.cursor.lock().unwrap() = Some(page.clone());
     protocol::send(
         &sock,
@@ -279,22 +282,21 @@ fn serve(
         let cursor = page.cursor();
         // Publish in small chunks so that consumers really wait now and then.
         let mut wrote = 0;
-        while wrote < 16
-            && seq < limit
-            && ladle_ring::protocol_core::may_write(seq, cursor, CAPACITY)
-        {
-            // SAFETY: one writer (this thread); `seq` is at the head and its slot's previous
-            // sample is below the only consumer's cursor.
-            let (image, label, index) = unsafe { ring.slot_mut(seq) };
+        let mut head = None;
+        while wrote < 16 && seq < limit {
+            let Gate::Loan(mut loan) = ring.try_loan(&readers) else {
+                break;
+            };
+            let (image, label, index) = loan.slot();
             *index = seq % len;
             *label = *index as i64;
             image.fill(pixel(*index));
+            head = loan.commit().or(head);
             seq += 1;
             wrote += 1;
         }
-        if wrote > 0 {
-            ring.publish(seq);
-            page.wake_if_due(seq);
+        if let Some(head) = head {
+            page.wake_if_due(head);
         } else if seq >= limit {
             match std::mem::replace(&mut at_stop, AtStop::Hold) {
                 AtStop::Hold => std::thread::sleep(Duration::from_millis(5)),

@@ -1,0 +1,332 @@
+//! The producer's only way to write a slot: a [`WriteLoan`] from [`ProducerRing::try_loan`],
+//! granted only when every attached reader's cursor allows it (iceoryx2's
+//! `loan_uninit → write → send`). The soundness argument for the writes lives here, in one
+//! place:
+//!
+//! - sequences are lent once each, in order (`next`, under the publisher's lock), so no two
+//!   loans share a slot while both live: a loan for `s` is granted only when `s < m + C` for
+//!   the smallest cursor `m`, and `m` never passes a loan that is not yet committed (cursors
+//!   stay at or below the head, which stops at the oldest uncommitted loan);
+//! - the slot of `s` last held `s − C`, which every attached reader has released (`s − C < m`);
+//! - `s` is at or above the head until the loan commits, so no reader reads it meanwhile;
+//! - a reader attaches only at or above `next` ([`Readers::attach`]): no loan already granted
+//!   lies in its range;
+//! - each cursor is read **once** per decision and must lie in `[floor, max(head, floor)]`;
+//!   a cursor outside is reported as a [`Violation`] and decides nothing, so a hostile or
+//!   broken consumer can only get itself detached.
+//!
+//! A reader that is *let go* (detached from the gate while its process still holds the
+//! mapping) may see its slots overwritten; [`CursorPage::deliver`] makes sure it never hands
+//! out a batch after that.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::protocol_core;
+use crate::shm::{CursorPage, ProducerRing};
+
+/// Identifies a ring within this process, so that a [`Readers`] set is used only with its own.
+static NEXT_RING: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn new_ring_id() -> u64 {
+    NEXT_RING.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What the publisher tracks: the next sequence to lend, the head, which lent slots are done.
+#[derive(Debug)]
+pub(crate) struct Publisher {
+    next: u64,
+    head: u64,
+    done: Vec<bool>,
+}
+
+impl Publisher {
+    pub(crate) fn new(capacity: u64) -> Self {
+        Self {
+            next: 0,
+            head: 0,
+            done: vec![false; capacity as usize],
+        }
+    }
+}
+
+/// The cursors that gate the producer's writes: one per attached consumer. Made once per ring
+/// by [`ProducerRing::readers`].
+#[derive(Debug)]
+pub struct Readers {
+    ring: u64,
+    list: Vec<Reader>,
+}
+
+#[derive(Debug)]
+struct Reader {
+    id: u64,
+    page: Arc<CursorPage>,
+    floor: u64,
+}
+
+/// A reader's cursor outside `[floor, max(head, floor)]`: a protocol violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Violation {
+    /// The reader's id.
+    pub id: u64,
+    /// The cursor it showed.
+    pub cursor: u64,
+    /// The lowest cursor it may show (where it was attached).
+    pub floor: u64,
+    /// The head when it was read.
+    pub head: u64,
+}
+
+/// What [`ProducerRing::try_loan`] decided.
+#[derive(Debug)]
+#[must_use]
+pub enum Gate<'r> {
+    /// Write this loan's slot.
+    Loan(WriteLoan<'r>),
+    /// No reader is attached: there is nobody to write for.
+    Idle,
+    /// The ring is full: reader `id`, at `cursor`, holds the oldest slot that is needed.
+    Full {
+        /// The slowest reader.
+        id: u64,
+        /// Its cursor.
+        cursor: u64,
+        /// Its page, to sleep on until it releases.
+        page: Arc<CursorPage>,
+    },
+    /// These readers broke the protocol: detach them (nothing was decided).
+    Violations(Vec<Violation>),
+}
+
+/// [`Readers::attach`] refused: the start lies below sequences already lent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cannot attach a reader at {at}: sequences up to {next} are already lent")]
+pub struct AttachError {
+    /// The start asked for.
+    pub at: u64,
+    /// The next sequence to lend.
+    pub next: u64,
+}
+
+impl Readers {
+    pub(crate) fn new(ring: u64) -> Self {
+        Self {
+            ring,
+            list: Vec::new(),
+        }
+    }
+
+    /// Attaches `page` as reader `id`, its cursor set to `at` (default: the next sequence to
+    /// be lent, where a joining consumer starts). Returns the start.
+    pub fn attach(
+        &mut self,
+        ring: &ProducerRing,
+        id: u64,
+        page: Arc<CursorPage>,
+        at: Option<u64>,
+    ) -> Result<u64, AttachError> {
+        assert_eq!(self.ring, ring.id(), "a reader set used with another ring");
+        let publisher = ring.publisher();
+        let at = at.unwrap_or(publisher.next);
+        if at < publisher.next {
+            return Err(AttachError {
+                at,
+                next: publisher.next,
+            });
+        }
+        page.reattach(at);
+        self.list.retain(|r| r.id != id);
+        self.list.push(Reader {
+            id,
+            page,
+            floor: at,
+        });
+        Ok(at)
+    }
+
+    /// Stops `id`'s cursor from gating writes. Returns whether it was attached.
+    pub fn detach(&mut self, id: u64) -> bool {
+        let before = self.list.len();
+        self.list.retain(|r| r.id != id);
+        self.list.len() != before
+    }
+
+    /// Whether `id` is attached.
+    pub fn contains(&self, id: u64) -> bool {
+        self.list.iter().any(|r| r.id == id)
+    }
+
+    /// Attached readers.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether none is attached.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}
+
+impl ProducerRing {
+    /// The reader set of this ring; `None` after the first call (there is only one).
+    pub fn readers(&self) -> Option<Readers> {
+        (!self.readers_taken().swap(true, Ordering::SeqCst)).then(|| Readers::new(self.id()))
+    }
+
+    /// The next sequence a loan would be for: where a consumer joining now starts.
+    pub fn next_seq(&self) -> u64 {
+        self.publisher().next
+    }
+
+    /// Moves an idle ring's first sequence forward to `seq` (its head too), as for a feed that
+    /// resumes numbering where another left off. Only with no reader attached and no loan
+    /// outstanding, and never backwards.
+    pub fn start_at(&self, readers: &Readers, seq: u64) -> Result<(), AttachError> {
+        assert_eq!(
+            readers.ring,
+            self.id(),
+            "a reader set used with another ring"
+        );
+        let mut publisher = self.publisher();
+        if !readers.is_empty() || publisher.head != publisher.next || seq < publisher.next {
+            return Err(AttachError {
+                at: seq,
+                next: publisher.next,
+            });
+        }
+        publisher.next = seq;
+        publisher.head = seq;
+        self.publish(seq);
+        Ok(())
+    }
+
+    /// Lends the next sequence's slot if every attached reader allows it; see the module docs.
+    pub fn try_loan(&self, readers: &Readers) -> Gate<'_> {
+        assert_eq!(
+            readers.ring,
+            self.id(),
+            "a reader set used with another ring"
+        );
+        let capacity = self.layout().capacity;
+        let mut publisher = self.publisher();
+        let (seq, head) = (publisher.next, publisher.head);
+        let mut slowest: Option<(&Reader, u64)> = None;
+        let mut violations = Vec::new();
+        for reader in &readers.list {
+            // Read once: every decision below uses this value.
+            let cursor = reader.page.cursor();
+            if cursor < reader.floor || cursor > head.max(reader.floor) {
+                violations.push(Violation {
+                    id: reader.id,
+                    cursor,
+                    floor: reader.floor,
+                    head,
+                });
+            } else if slowest.is_none_or(|(_, c)| cursor < c) {
+                slowest = Some((reader, cursor));
+            }
+        }
+        if !violations.is_empty() {
+            return Gate::Violations(violations);
+        }
+        let Some((reader, cursor)) = slowest else {
+            return Gate::Idle;
+        };
+        if !protocol_core::may_write(seq, cursor, capacity) {
+            return Gate::Full {
+                id: reader.id,
+                cursor,
+                page: reader.page.clone(),
+            };
+        }
+        publisher.next += 1;
+        Gate::Loan(WriteLoan {
+            ring: self,
+            seq,
+            committed: false,
+        })
+    }
+
+    /// Marks `seq` done and publishes the run of done slots from the head; returns the new
+    /// head when it moved.
+    fn complete(&self, seq: u64) -> Option<u64> {
+        let capacity = self.layout().capacity;
+        let mut publisher = self.publisher();
+        let Publisher { head, done, .. } = &mut *publisher;
+        done[(seq % capacity) as usize] = true;
+        let old = *head;
+        while done[(*head % capacity) as usize] {
+            done[(*head % capacity) as usize] = false;
+            *head += 1;
+        }
+        (*head != old).then(|| {
+            self.publish(*head);
+            *head
+        })
+    }
+
+    fn publisher(&self) -> MutexGuard<'_, Publisher> {
+        self.publisher_lock()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The right to write one sequence's slot, from [`ProducerRing::try_loan`]. Commit it with
+/// [`WriteLoan::commit`]; dropping it uncommitted publishes the slot as a bad sample (zero
+/// image, label −1), so that the head never stalls and nothing garbage is delivered silently.
+#[derive(Debug)]
+pub struct WriteLoan<'r> {
+    ring: &'r ProducerRing,
+    seq: u64,
+    committed: bool,
+}
+
+impl WriteLoan<'_> {
+    /// The sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The slot's image, label and dataset index, writable.
+    pub fn slot(&mut self) -> (&mut [u8], &mut i64, &mut u64) {
+        // SAFETY: this loan is the only one for `seq` (lent once, in order), the slot's
+        // previous sample is released by every attached reader, and `seq` is at or above
+        // the head until `commit`; the module docs give the argument. `&mut self` keeps the
+        // borrows unique within this process.
+        unsafe { self.ring.slot_mut(self.seq) }
+    }
+
+    /// Publishes the slot (with every earlier one that is done); returns the new head when
+    /// it moved, for waking consumers.
+    pub fn commit(mut self) -> Option<u64> {
+        self.committed = true;
+        self.ring.complete(self.seq)
+    }
+
+    /// Publishes the slot as a bad sample: zero image, label −1, the given dataset index.
+    pub fn commit_bad(mut self, index: u64) -> Option<u64> {
+        let (image, label, slot_index) = self.slot();
+        image.fill(0);
+        *label = -1;
+        *slot_index = index;
+        self.commit()
+    }
+}
+
+impl Drop for WriteLoan<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            let (image, label, _) = self.slot();
+            image.fill(0);
+            *label = -1;
+            self.committed = true;
+            self.ring.complete(self.seq);
+        }
+    }
+}
+
+/// The publisher behind its lock, and the flag that hands out the one reader set, as the ring holds them.
+pub(crate) type PublisherLock = Mutex<Publisher>;
+pub(crate) type TakenFlag = AtomicBool;

@@ -1,0 +1,348 @@
+//! Data-plane trust (issue 11), against the real `ladle serve` and `ladle consume` processes:
+//! legal settings that used to hang, a stopped consumer that used to freeze everyone, hostile
+//! consumers, connection floods, a socket path that is not a socket, a removed socket file.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use ladle_ring::CursorPage;
+use ladle_ring::protocol::{self, ClientMessage, Hello, PROTOCOL_VERSION, ServerMessage};
+use ladle_tests::{Finished, Fixture};
+use serde_json::Value;
+
+/// Deadlock guard for one run; never a speed assertion.
+const GUARD: Duration = Duration::from_secs(300);
+
+/// 32×32 samples in a 2 MiB ring: 512 slots, so batches of up to 256 (C/2).
+const SMALL_RING: &[&str] = &["--image-size", "32", "--ring-mib", "2", "--threads", "2"];
+const CAPACITY: u32 = 512;
+
+fn epochs(done: &Finished) -> Vec<Value> {
+    assert!(done.status.success(), "consumer failed: {}", done.stderr);
+    done.json_lines()
+        .into_iter()
+        .filter(|v| v.get("epoch").is_some())
+        .collect()
+}
+
+fn summary(done: &Finished) -> Value {
+    done.json_lines()
+        .into_iter()
+        .find(|v| v.get("rejoins").is_some())
+        .unwrap_or_else(|| panic!("no summary line: {}", done.stdout))
+}
+
+fn assert_exact(done: &Finished, expected_epochs: usize, what: &str) {
+    let epochs = epochs(done);
+    assert_eq!(epochs.len(), expected_epochs, "{what}: {}", done.stdout);
+    for e in &epochs {
+        assert_eq!(e["exact_coverage"], true, "{what}: {e}");
+        assert_eq!(e["bad_samples"], 0, "{what}: {e}");
+    }
+}
+
+#[test]
+fn hold_previous_loops_up_to_half_the_ring_finish_on_lengths_not_a_multiple_of_8() {
+    // Defect 2: a loop holding the previous batch waits for exactly cursor + C, which the
+    // producer could never publish while up to 7 samples sat in a half-filled chunk.
+    for (len, batch) in [
+        (301u32, CAPACITY / 2),
+        (1500, CAPACITY / 2),
+        (301, 255),
+        (77, 200),
+    ] {
+        let mut fx = Fixture::new();
+        let data = fx.dataset(len, 40, 36);
+        fx.serve(&data, SMALL_RING);
+        let first = fx.consume(batch, 3, &["--hold-previous"]);
+        // A late joiner at an unaligned start, also holding the previous batch.
+        std::thread::sleep(Duration::from_millis(150));
+        let late = fx.consume(batch, 2, &["--hold-previous", "--step-ms", "1"]);
+        let what = format!("length {len}, batch {batch}");
+        assert_exact(&fx.wait(first, GUARD), 3, &what);
+        assert_exact(&fx.wait(late, GUARD), 2, &format!("late joiner, {what}"));
+    }
+}
+
+#[test]
+fn a_stopped_consumer_is_let_go_the_others_go_on_and_on_resuming_it_still_reads_exact_epochs() {
+    // Defect 6: one SIGSTOPped consumer froze the feed for everyone, forever, silently.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(300, 40, 36);
+    let serve = fx.serve(&data, &[SMALL_RING, &["--stall-timeout", "1"]].concat());
+    // 10 batches of 32 per epoch at 50 ms a step: well inside its first epoch when stopped.
+    let stopped = fx.consume(32, 3, &["--step-ms", "50"]);
+    std::thread::sleep(Duration::from_millis(400));
+    fx.signal(stopped, 19); // SIGSTOP, mid-epoch, holding a batch
+    let later = fx.consume(64, 2, &["--hold-previous"]);
+    let started = Instant::now();
+    assert_exact(
+        &fx.wait(later, GUARD),
+        2,
+        "consumer that joined after the stopped one",
+    );
+    assert!(started.elapsed() < GUARD);
+    fx.signal(stopped, 18); // SIGCONT
+    let resumed = fx.wait(stopped, GUARD);
+    assert_exact(&resumed, 3, "the consumer that was stopped");
+    assert!(
+        summary(&resumed)["rejoins"].as_u64().unwrap() >= 1,
+        "{}",
+        resumed.stdout
+    );
+    fx.signal(serve, 15);
+    let producer = fx.wait(serve, Duration::from_secs(60));
+    assert!(producer.stderr.contains("let go"), "{}", producer.stderr);
+    assert!(producer.stderr.contains("held back"), "{}", producer.stderr);
+}
+
+/// Connects and says `Hello` as a consumer of batch `batch` would; returns the socket and
+/// the cursor page the producer handed over.
+fn raw_consumer(socket: &std::path::Path, batch: u32) -> (UnixStream, CursorPage, u64) {
+    let sock = UnixStream::connect(socket).unwrap();
+    let hello = ClientMessage::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        batch_size: batch,
+        drop_last: false,
+        name: "hostile\nINFO forged log line".into(),
+        pid: std::process::id(),
+    });
+    protocol::send(&sock, &hello, &[]).unwrap();
+    let (message, fds) = protocol::recv::<ServerMessage>(&sock).unwrap();
+    let ServerMessage::Welcome(welcome) = message else {
+        panic!("not welcomed: {message:?}");
+    };
+    let page = CursorPage::map(fds[1].as_fd()).unwrap();
+    (sock, page, welcome.start_seq)
+}
+
+/// Waits (at most 30 s) for the producer to say `Detached` on `sock`.
+fn detached_reason(sock: &UnixStream) -> String {
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    loop {
+        match protocol::recv::<ServerMessage>(sock) {
+            Ok((ServerMessage::Detached { reason }, _)) => return reason,
+            Ok(_) => continue,
+            Err(e) => panic!("no Detached: {e}"),
+        }
+    }
+}
+
+#[test]
+fn consumers_that_move_their_cursor_out_of_range_are_detached_and_nobody_else_notices() {
+    // Defect 3: the producer trusted whatever a cursor said (and read it twice).
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 40, 36);
+    let serve = fx.serve(&data, SMALL_RING);
+    let honest = fx.consume(50, 4, &["--hold-previous"]);
+    std::thread::sleep(Duration::from_millis(300));
+    // Ahead of anything published: would let the producer overwrite what others hold.
+    let (ahead, page, _) = raw_consumer(&fx.socket(), 16);
+    page.release(u64::MAX / 2);
+    let reason = detached_reason(&ahead);
+    assert!(reason.contains("cursor"), "{reason}");
+    // Oscillating: forwards, then back below where it started.
+    let (oscillating, page, start) = raw_consumer(&fx.socket(), 16);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wobble = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                page.release(if k % 2 == 0 {
+                    start + 3
+                } else {
+                    start.saturating_sub(1)
+                });
+                k += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    if start > 0 {
+        let reason = detached_reason(&oscillating);
+        assert!(reason.contains("cursor"), "{reason}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    wobble.join().unwrap();
+    assert_exact(
+        &fx.wait(honest, GUARD),
+        4,
+        "honest consumer beside hostile ones",
+    );
+    fx.signal(serve, 15);
+    let producer = fx.wait(serve, Duration::from_secs(60));
+    assert!(producer.status.success(), "{}", producer.stderr);
+    // The forged name is logged escaped, on the line of its consumer.
+    assert!(
+        !producer
+            .stderr
+            .lines()
+            .any(|l| l.starts_with("INFO forged")),
+        "{}",
+        producer.stderr
+    );
+}
+
+#[test]
+fn serve_refuses_to_replace_a_file_that_is_not_a_socket() {
+    // Defect 7: `serve --socket` deleted a regular file at that path.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(20, 40, 36);
+    let path = fx.path().join("precious.txt");
+    std::fs::write(&path, "my notes").unwrap();
+    let args = [
+        "serve",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--socket",
+        path.to_str().unwrap(),
+    ];
+    let done = fx.run(&[&args[..], SMALL_RING].concat(), GUARD);
+    assert!(!done.status.success());
+    assert!(done.stderr.contains("not a socket"), "{}", done.stderr);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "my notes");
+}
+
+#[test]
+fn sigterm_stops_a_producer_whose_socket_file_was_removed() {
+    // Defect 8: shutdown unblocked `accept` by connecting to the socket file.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(50, 40, 36);
+    let serve = fx.serve(&data, SMALL_RING);
+    let c = fx.consume(16, 1000, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(fx.socket()).unwrap();
+    fx.signal(serve, 15);
+    let producer = fx.wait(serve, Duration::from_secs(20));
+    assert!(producer.status.success(), "{}", producer.stderr);
+    let consumer = fx.wait(c, Duration::from_secs(30));
+    assert!(!consumer.status.success());
+}
+
+/// Threads of process `pid`.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+/// CPU seconds process `pid` has used (user + system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[test]
+fn a_connection_flood_is_capped_and_refused_with_a_reason_and_a_slow_hello_is_cut_off() {
+    // Defect 5: one thread per connection without a cap, and a byte every 4 s held a
+    // connection forever.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(100, 40, 36);
+    let serve = fx.serve(&data, &[SMALL_RING, &["--max-connections", "8"]].concat());
+    let pid = fx.pid(serve);
+    // main, control, feeder and its 2 decode threads (`--threads 2`), then one per connection.
+    let own = 5;
+    let mut flood: Vec<UnixStream> = (0..40)
+        .map(|_| UnixStream::connect(fx.socket()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        threads(pid) <= own + 8,
+        "{} threads for 40 idle connections (cap 8)",
+        threads(pid)
+    );
+    // The last ones were refused with a reason.
+    let refused = flood.last_mut().unwrap();
+    refused
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (message, _) = protocol::recv::<ServerMessage>(refused).unwrap();
+    assert!(
+        matches!(&message, ServerMessage::Reject { reason } if reason.contains("too many")),
+        "{message:?}"
+    );
+    // The first ones, which never say Hello, are cut off after the handshake deadline
+    // even if they trickle bytes.
+    let trickler = &mut flood[0];
+    let _ = std::io::Write::write_all(trickler, &[200, 0, 0, 0]);
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    trickler
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    loop {
+        let _ = std::io::Write::write_all(trickler, b" ");
+        std::thread::sleep(Duration::from_millis(200));
+        let mut byte = [0u8; 4096];
+        trickler.set_nonblocking(true).unwrap();
+        let read = trickler.read(&mut byte);
+        trickler.set_nonblocking(false).unwrap();
+        match read {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&byte[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "a trickling connection is still open"
+        );
+    }
+    drop(flood);
+    let good = fx.consume(32, 2, &[]);
+    assert_exact(&fx.wait(good, GUARD), 2, "consumer after the flood");
+}
+
+#[test]
+fn out_of_file_descriptors_the_producer_backs_off_and_delivers_no_corrupt_sample() {
+    // Defect 5: EMFILE made the accept loop spin at 100% CPU and turned thousands of
+    // samples into zero images with label -1.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(300, 40, 36);
+    let socket = fx.socket();
+    let limit = "--nofile=64:64";
+    let args = [
+        "prlimit",
+        limit,
+        "--",
+        ladle_tests::ladle_bin().to_str().unwrap(),
+        "serve",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+    ];
+    let serve = fx.spawn_program(&[&args[..], SMALL_RING].concat());
+    fx.wait_for_socket(serve);
+    let pid = fx.pid(serve);
+    let good = fx.consume(32, 3, &["--step-ms", "2"]);
+    std::thread::sleep(Duration::from_millis(300));
+    // Take every descriptor the producer has left, and then some.
+    let flood: Vec<UnixStream> = (0..120)
+        .filter_map(|_| UnixStream::connect(&socket).ok())
+        .collect();
+    let cpu_before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_seconds(pid) - cpu_before;
+    assert!(
+        spent < 1.0,
+        "the producer used {spent:.2} CPU-s in 2 s while out of fds"
+    );
+    drop(flood);
+    let done = fx.wait(good, GUARD);
+    assert_exact(&done, 3, "consumer while the producer ran out of fds");
+    assert_eq!(summary(&done)["bad_samples"], 0);
+}
