@@ -63,7 +63,8 @@ create_exception!(
     ladle,
     Detached,
     LadleError,
-    "The producer detached this consumer, which fell further behind than its --max-lag."
+    "The producer detached this consumer for good: it broke the control protocol (for \
+     example its cursor moved outside what it may show)."
 );
 create_exception!(
     ladle,
@@ -224,6 +225,14 @@ impl PyConsumer {
         self.inner.start_seq()
     }
 
+    /// How often the producer let this consumer go (it paused for longer than the
+    /// producer's stall timeout while holding the feed back) and it rejoined; each time
+    /// the epoch in progress still delivered every sample exactly once.
+    #[getter]
+    fn rejoins(&self) -> u64 {
+        self.inner.rejoins()
+    }
+
     #[getter]
     fn socket(&self) -> PathBuf {
         self.inner.socket().to_path_buf()
@@ -328,6 +337,26 @@ impl PyBatch {
     #[getter]
     fn first_seq(&self) -> u64 {
         self.batch.first_seq()
+    }
+
+    /// Samples the producer could not read or decode (zero images, label −1); usually 0.
+    #[getter]
+    fn bad_count(&self) -> usize {
+        self.batch.bad_count()
+    }
+
+    /// False if the producer may have overwritten this batch: it let this consumer go after
+    /// it held the feed back without taking a batch for the stall timeout (a long pause
+    /// while holding the batch). Check it after reading a batch held across a long pause.
+    #[getter]
+    fn intact(&self) -> bool {
+        self.batch.is_intact()
+    }
+
+    /// True for a batch gathered after a rejoin (copied, not a view of the ring).
+    #[getter]
+    fn is_copy(&self) -> bool {
+        self.batch.is_copy()
     }
 
     /// (B, H, W, 3).

@@ -56,6 +56,56 @@ def test_a_late_joiner_still_reads_whole_epochs(producer):
     assert sorted(indices_of(late)) == list(range(DATASET_LEN))
 
 
+def test_a_loop_holding_the_previous_batch_at_half_the_ring_finishes(start_producer):
+    # Issue 11, defect 2: `for b in c: prev = b` at batch C/2 hung at the start of epoch 1
+    # (the consumer waits for cursor + C while up to 7 samples sat unsent in the producer).
+    producer = start_producer("--ring-mib", "1")  # 512 slots of 32x32
+    started = threading.Event()
+    results: dict[str, list[list[int]]] = {}
+
+    def read(name: str, consumer: ladle.Consumer, epochs: int) -> None:
+        out = []
+        for _ in range(epochs):
+            seen: list[int] = []
+            prev = None
+            for batch in consumer:
+                seen.extend(np.asarray(batch.indices).tolist())
+                assert batch.bad_count == 0
+                prev = batch  # noqa: F841 (held until the next batch arrives)
+                started.set()
+            del prev
+            out.append(sorted(seen))
+        results[name] = out
+
+    first = ladle.Consumer(producer.socket, 256)
+    thread = threading.Thread(target=read, args=("first", first, 3))
+    thread.start()
+    assert started.wait(60)
+    # A late joiner at an unaligned start, with the same loop.
+    late = ladle.Consumer(producer.socket, 256)
+    read("late", late, 2)
+    thread.join(120)
+    assert not thread.is_alive(), "the first consumer hung"
+    everything = list(range(DATASET_LEN))
+    assert results["first"] == [everything] * 3
+    assert results["late"] == [everything] * 2
+
+
+def test_a_paused_consumer_is_let_go_and_still_reads_its_epoch_exactly(start_producer):
+    # Issue 11, defect 6: a run that pauses (validation, a checkpoint) froze every other run.
+    producer = start_producer("--ring-mib", "1", "--stall-timeout", "0.5")
+    paused = ladle.Consumer(producer.socket, 50)
+    epoch = iter(paused)
+    seen = [int(i) for i in np.asarray(next(epoch).indices)]
+    other = ladle.Consumer(producer.socket, 64)
+    for _ in range(3):  # more than a ring's worth while `paused` takes nothing
+        assert sorted(indices_of(other)) == list(range(DATASET_LEN))
+    for batch in epoch:
+        seen.extend(np.asarray(batch.indices).tolist())
+    assert sorted(seen) == list(range(DATASET_LEN)), "the paused consumer's epoch is exact"
+    assert paused.rejoins >= 1
+
+
 def test_images_and_labels_are_zero_copy_read_only_numpy_arrays(producer):
     consumer = ladle.Consumer(producer.socket, 16)
     batch = next(iter(consumer))

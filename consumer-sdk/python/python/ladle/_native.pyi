@@ -67,6 +67,16 @@ class Batch:
     @property
     def first_seq(self) -> int: ...
     @property
+    def bad_count(self) -> int:
+        """Samples the producer could not read or decode (zero images, label -1)."""
+    @property
+    def intact(self) -> bool:
+        """False if the producer may have overwritten the batch (held across a pause longer
+        than the stall timeout)."""
+    @property
+    def is_copy(self) -> bool:
+        """True for a batch gathered after a rejoin (a copy, not a view of the ring)."""
+    @property
     def shape(self) -> tuple[int, int, int, int]: ...
     def __len__(self) -> int: ...
     def _images_region(self) -> tuple[int, int]: ...
@@ -123,6 +133,9 @@ class Consumer:
     def consumer_id(self) -> int: ...
     @property
     def start_seq(self) -> int: ...
+    @property
+    def rejoins(self) -> int:
+        """Times the producer let this consumer go after a long pause and it rejoined."""
     @property
     def socket(self) -> str: ...
     def _images_region(self) -> tuple[int, int]: ...
