@@ -605,6 +605,41 @@ mod tests {
     }
 
     #[test]
+    fn two_threads_waiting_on_one_consumer_are_both_woken_at_their_own_heads() {
+        use std::time::{Duration, Instant};
+        let producer = ring();
+        let page = CursorPage::create(0).unwrap();
+        let consumer =
+            std::sync::Arc::new(ConsumerRing::map(producer.fd(), *producer.layout()).unwrap());
+        let mine = std::sync::Arc::new(CursorPage::map(page.fd().unwrap()).unwrap());
+        let waiter = |target: u64| {
+            let (consumer, mine) = (consumer.clone(), mine.clone());
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                while consumer.head() < target {
+                    consumer.wait_for_head(&mine, target, Duration::from_secs(5));
+                }
+                started.elapsed()
+            })
+        };
+        let near = waiter(10);
+        std::thread::sleep(Duration::from_millis(100));
+        // The second thread's target replaces the first's in `wake_at`.
+        let far = waiter(20);
+        std::thread::sleep(Duration::from_millis(100));
+        producer.publish(10);
+        page.wake_if_due(10);
+        let took = near.join().unwrap();
+        assert!(
+            took < Duration::from_secs(3),
+            "the first waiter's wake-up was lost ({took:?})"
+        );
+        producer.publish(20);
+        page.wake_if_due(20);
+        assert!(far.join().unwrap() < Duration::from_secs(3));
+    }
+
+    #[test]
     fn a_wrong_sized_file_is_refused() {
         let producer = ring();
         let bigger = RingLayout::new(1024, 8, 8).unwrap();

@@ -330,3 +330,120 @@ impl Drop for WriteLoan<'_> {
 /// The publisher behind its lock, and the flag that hands out the one reader set, as the ring holds them.
 pub(crate) type PublisherLock = Mutex<Publisher>;
 pub(crate) type TakenFlag = AtomicBool;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RingLayout;
+    use crate::shm::ConsumerRing;
+
+    fn ring() -> (ProducerRing, Readers) {
+        let ring = ProducerRing::create(RingLayout::new(512, 8, 8).unwrap()).unwrap();
+        let readers = ring.readers().unwrap();
+        (ring, readers)
+    }
+
+    #[test]
+    fn nothing_is_lent_without_a_reader_and_the_reader_set_is_one_per_ring() {
+        let (ring, readers) = ring();
+        assert!(matches!(ring.try_loan(&readers), Gate::Idle));
+        assert!(ring.readers().is_none(), "a second reader set");
+    }
+
+    #[test]
+    fn loans_are_unique_in_order_and_stop_a_ring_ahead_of_the_slowest_cursor() {
+        let (ring, mut readers) = ring();
+        let page = Arc::new(CursorPage::create(0).unwrap());
+        assert_eq!(readers.attach(&ring, 7, page.clone(), None).unwrap(), 0);
+        let mut loans = Vec::new();
+        for expected in 0..512 {
+            match ring.try_loan(&readers) {
+                Gate::Loan(loan) => {
+                    assert_eq!(loan.seq(), expected);
+                    loans.push(loan);
+                }
+                other => panic!("seq {expected}: {other:?}"),
+            }
+        }
+        match ring.try_loan(&readers) {
+            Gate::Full { id, cursor, .. } => assert_eq!((id, cursor), (7, 0)),
+            other => panic!("a loan past the ring: {other:?}"),
+        }
+        // Committed out of order: the head moves only over a run of done slots.
+        let second = loans.remove(1);
+        assert_eq!(second.commit(), None);
+        assert_eq!(loans.remove(0).commit(), Some(2));
+        drop(loans); // dropped uncommitted: published as bad samples
+        assert_eq!(ring.head(), 512);
+        let view = ConsumerRing::map(ring.fd(), *ring.layout()).unwrap();
+        // SAFETY: published, and nothing writes in this test any more.
+        let labels = unsafe { view.labels(2, 3) };
+        assert_eq!(labels, &[-1, -1, -1]);
+        page.release(5);
+        assert!(matches!(ring.try_loan(&readers), Gate::Loan(l) if l.seq() == 512));
+    }
+
+    #[test]
+    fn a_cursor_outside_its_range_is_a_violation_and_decides_nothing() {
+        let (ring, mut readers) = ring();
+        let honest = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, honest, None).unwrap();
+        let hostile = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 2, hostile.clone(), None).unwrap();
+        // Ahead of the head: it would let the producer overwrite what the honest one holds.
+        hostile.release(1_000);
+        match ring.try_loan(&readers) {
+            Gate::Violations(v) => {
+                assert_eq!(v.len(), 1);
+                assert_eq!((v[0].id, v[0].cursor, v[0].head), (2, 1_000, 0));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ring.next_seq(), 0, "a violation lent something");
+        assert!(readers.detach(2));
+        assert!(matches!(ring.try_loan(&readers), Gate::Loan(l) if l.seq() == 0));
+        // Below where it was attached.
+        let late = Arc::new(CursorPage::create(0).unwrap());
+        assert_eq!(readers.attach(&ring, 3, late.clone(), None).unwrap(), 1);
+        late.release(0);
+        assert!(matches!(ring.try_loan(&readers), Gate::Violations(v) if v[0].id == 3));
+    }
+
+    #[test]
+    fn a_reader_cannot_attach_below_what_was_already_lent() {
+        let (ring, mut readers) = ring();
+        let page = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, page.clone(), None).unwrap();
+        for _ in 0..10 {
+            let Gate::Loan(loan) = ring.try_loan(&readers) else {
+                panic!("no loan")
+            };
+            loan.commit();
+        }
+        let other = Arc::new(CursorPage::create(0).unwrap());
+        let err = readers
+            .attach(&ring, 2, other.clone(), Some(5))
+            .unwrap_err();
+        assert_eq!((err.at, err.next), (5, 10));
+        assert_eq!(readers.attach(&ring, 2, other, Some(12)).unwrap(), 12);
+    }
+
+    #[test]
+    fn a_consumer_let_go_cannot_deliver_and_reattaching_clears_it() {
+        let (ring, mut readers) = ring();
+        let page = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, page.clone(), None).unwrap();
+        let consumer = CursorPage::map(page.fd().unwrap()).unwrap();
+        consumer.deliver(4).unwrap();
+        let seen = page.lease();
+        consumer.deliver(8).unwrap();
+        assert!(!page.let_go(seen), "let go over a delivery it did not see");
+        assert!(page.let_go(page.lease()));
+        assert!(consumer.deliver(12).is_err());
+        assert!(consumer.is_let_go());
+        readers.detach(1);
+        readers.attach(&ring, 1, page.clone(), None).unwrap();
+        assert!(!consumer.is_let_go());
+        consumer.deliver(3).unwrap();
+    }
+}

@@ -102,7 +102,10 @@ fn a_stopped_consumer_is_let_go_the_others_go_on_and_on_resuming_it_still_reads_
 
 /// Connects and says `Hello` as a consumer of batch `batch` would; returns the socket and
 /// the cursor page the producer handed over.
-fn raw_consumer(socket: &std::path::Path, batch: u32) -> (UnixStream, CursorPage, u64) {
+fn raw_consumer(
+    socket: &std::path::Path,
+    batch: u32,
+) -> (UnixStream, CursorPage, u64, std::os::fd::OwnedFd) {
     let sock = UnixStream::connect(socket).unwrap();
     let hello = ClientMessage::Hello(Hello {
         version: PROTOCOL_VERSION,
@@ -112,12 +115,12 @@ fn raw_consumer(socket: &std::path::Path, batch: u32) -> (UnixStream, CursorPage
         pid: std::process::id(),
     });
     protocol::send(&sock, &hello, &[]).unwrap();
-    let (message, fds) = protocol::recv::<ServerMessage>(&sock).unwrap();
+    let (message, mut fds) = protocol::recv::<ServerMessage>(&sock).unwrap();
     let ServerMessage::Welcome(welcome) = message else {
         panic!("not welcomed: {message:?}");
     };
     let page = CursorPage::map(fds[1].as_fd()).unwrap();
-    (sock, page, welcome.start_seq)
+    (sock, page, welcome.start_seq, fds.swap_remove(1))
 }
 
 /// Waits (at most 30 s) for the producer to say `Detached` on `sock`.
@@ -142,12 +145,12 @@ fn consumers_that_move_their_cursor_out_of_range_are_detached_and_nobody_else_no
     let honest = fx.consume(50, 4, &["--hold-previous"]);
     std::thread::sleep(Duration::from_millis(300));
     // Ahead of anything published: would let the producer overwrite what others hold.
-    let (ahead, page, _) = raw_consumer(&fx.socket(), 16);
+    let (ahead, page, _, _) = raw_consumer(&fx.socket(), 16);
     page.release(u64::MAX / 2);
     let reason = detached_reason(&ahead);
     assert!(reason.contains("cursor"), "{reason}");
     // Oscillating: forwards, then back below where it started.
-    let (oscillating, page, start) = raw_consumer(&fx.socket(), 16);
+    let (oscillating, page, start, _) = raw_consumer(&fx.socket(), 16);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let wobble = {
         let stop = stop.clone();
@@ -345,4 +348,31 @@ fn out_of_file_descriptors_the_producer_backs_off_and_delivers_no_corrupt_sample
     let done = fx.wait(good, GUARD);
     assert_exact(&done, 3, "consumer while the producer ran out of fds");
     assert_eq!(summary(&done)["bad_samples"], 0);
+}
+
+#[test]
+fn a_consumer_whose_futex_word_disagrees_with_its_cursor_does_not_make_the_producer_spin() {
+    // Defect 10: the feeder slept on the futex word, which the consumer writes; a word that
+    // disagrees with the cursor made every sleep return at once.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 40, 36);
+    let serve = fx.serve(&data, &[SMALL_RING, &["--stall-timeout", "60"]].concat());
+    let pid = fx.pid(serve);
+    let (_sock, _page, start, fd) = raw_consumer(&fx.socket(), 16);
+    let words =
+        ladle_ring::sys::Mapping::new(fd.as_fd(), 0, ladle_ring::sys::PAGE, true, false).unwrap();
+    // SAFETY: offset 8 is the cursor page's `cursor_word` (an AtomicU32): the futex word.
+    let word = unsafe { &*words.as_ptr().add(8).cast::<std::sync::atomic::AtomicU32>() };
+    word.store((start as u32) ^ 0xdead, std::sync::atomic::Ordering::SeqCst);
+    // Another consumer reads, so the ring fills up to this one's cursor and the producer waits.
+    let other = fx.consume(16, 1000, &[]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_seconds(pid) - before;
+    assert!(
+        spent < 0.5,
+        "the producer used {spent:.2} CPU-s in 2 s while waiting"
+    );
+    fx.signal(other, 9);
 }
