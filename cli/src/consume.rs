@@ -40,6 +40,22 @@ pub(crate) struct ConsumeArgs {
     /// `prev = batch` does (two batches held at a time).
     #[arg(long)]
     hold_previous: bool,
+    /// Hash every batch when it arrives and again just before it is dropped, and count
+    /// batches whose contents changed while held although the producer had not let this
+    /// consumer go (`corrupted_batches` in the summary; must be 0). Costs a pass over each
+    /// batch.
+    #[arg(long)]
+    check_held: bool,
+}
+
+/// A digest of a batch's images, labels and indices.
+fn digest(batch: &Batch<'_>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    batch.images().hash(&mut hasher);
+    batch.labels().hash(&mut hasher);
+    batch.indices().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Which dataset indices one epoch delivered.
@@ -126,6 +142,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let mut total_bad = 0u64;
     // Batches the producer overwrote while this consumer held them (after a let-go).
     let mut overwritten = 0u64;
+    // Batches whose contents changed while held without a let-go: a broken ring.
+    let mut corrupted = 0u64;
     let epochs = args
         .epochs
         .unwrap_or(if args.seconds.is_some() { u64::MAX } else { 1 });
@@ -144,9 +162,15 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let mut coverage = Coverage::new(dataset.len)?;
         let mut batches = 0u64;
         let mut bad = 0u64;
-        let mut previous = None;
+        let mut previous: Option<(Batch<'_>, u64)> = None;
+        let mut check = |batch: &Batch<'_>, received: u64| {
+            if args.check_held && digest(batch) != received && batch.is_intact() {
+                corrupted += 1;
+            }
+        };
         for batch in epoch {
             let batch = batch.with_context(|| format!("reading epoch {number}"))?;
+            let received = if args.check_held { digest(&batch) } else { 0 };
             coverage.add(batch.indices());
             bad += batch.bad_count() as u64;
             batches += 1;
@@ -157,15 +181,20 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 overwritten += 1;
             }
             if args.hold_previous {
-                previous = Some(batch);
+                if let Some((old, received)) = previous.replace((batch, received)) {
+                    check(&old, received);
+                }
             } else {
+                check(&batch, received);
                 drop(batch);
             }
             if out_of_time() {
                 break;
             }
         }
-        drop(previous);
+        if let Some((old, received)) = previous.take() {
+            check(&old, received);
+        }
         total_bad += bad;
         let elapsed = epoch_started.elapsed();
         let complete = coverage.delivered >= expected;
@@ -211,6 +240,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             "bad_samples": total_bad,
             "rejoins": consumer.rejoins(),
             "overwritten_batches": overwritten,
+            "corrupted_batches": corrupted,
         });
         println!("{line}");
     } else {

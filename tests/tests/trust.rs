@@ -37,6 +37,14 @@ fn summary(done: &Finished) -> Value {
 }
 
 fn assert_exact(done: &Finished, expected_epochs: usize, what: &str) {
+    if let Some(summary) = done
+        .json_lines()
+        .into_iter()
+        .find(|v| v.get("rejoins").is_some())
+    {
+        // With `--check-held`: nothing changed under a batch while it was held.
+        assert_eq!(summary["corrupted_batches"], 0, "{what}: {summary}");
+    }
     let epochs = epochs(done);
     assert_eq!(epochs.len(), expected_epochs, "{what}: {}", done.stdout);
     for e in &epochs {
@@ -58,10 +66,14 @@ fn hold_previous_loops_up_to_half_the_ring_finish_on_lengths_not_a_multiple_of_8
         let mut fx = Fixture::new();
         let data = fx.dataset(len, 40, 36);
         fx.serve(&data, SMALL_RING);
-        let first = fx.consume(batch, 3, &["--hold-previous"]);
+        let first = fx.consume(batch, 3, &["--hold-previous", "--check-held"]);
         // A late joiner at an unaligned start, also holding the previous batch.
         std::thread::sleep(Duration::from_millis(150));
-        let late = fx.consume(batch, 2, &["--hold-previous", "--step-ms", "1"]);
+        let late = fx.consume(
+            batch,
+            2,
+            &["--hold-previous", "--step-ms", "1", "--check-held"],
+        );
         let what = format!("length {len}, batch {batch}");
         assert_exact(&fx.wait(first, GUARD), 3, &what);
         assert_exact(&fx.wait(late, GUARD), 2, &format!("late joiner, {what}"));
@@ -75,10 +87,10 @@ fn a_stopped_consumer_is_let_go_the_others_go_on_and_on_resuming_it_still_reads_
     let data = fx.dataset(300, 40, 36);
     let serve = fx.serve(&data, &[SMALL_RING, &["--stall-timeout", "1"]].concat());
     // 10 batches of 32 per epoch at 50 ms a step: well inside its first epoch when stopped.
-    let stopped = fx.consume(32, 3, &["--step-ms", "50"]);
+    let stopped = fx.consume(32, 3, &["--step-ms", "50", "--check-held"]);
     std::thread::sleep(Duration::from_millis(400));
     fx.signal(stopped, 19); // SIGSTOP, mid-epoch, holding a batch
-    let later = fx.consume(64, 2, &["--hold-previous"]);
+    let later = fx.consume(64, 2, &["--hold-previous", "--check-held"]);
     let started = Instant::now();
     assert_exact(
         &fx.wait(later, GUARD),
@@ -142,13 +154,20 @@ fn consumers_that_move_their_cursor_out_of_range_are_detached_and_nobody_else_no
     let mut fx = Fixture::new();
     let data = fx.dataset(200, 40, 36);
     let serve = fx.serve(&data, SMALL_RING);
-    let honest = fx.consume(50, 4, &["--hold-previous"]);
+    let honest = fx.consume(50, 4, &["--hold-previous", "--check-held"]);
     std::thread::sleep(Duration::from_millis(300));
     // Ahead of anything published: would let the producer overwrite what others hold.
     let (ahead, page, _, _) = raw_consumer(&fx.socket(), 16);
     page.release(u64::MAX / 2);
     let reason = detached_reason(&ahead);
     assert!(reason.contains("cursor"), "{reason}");
+    // Truncating its cursor page (which would kill the producer with SIGBUS) is refused.
+    let (_sock, _page, _, page_fd) = raw_consumer(&fx.socket(), 16);
+    let file = std::fs::File::from(page_fd);
+    assert!(
+        file.set_len(0).is_err(),
+        "a consumer truncated its cursor page"
+    );
     // Oscillating: forwards, then back below where it started.
     let (oscillating, page, start, _) = raw_consumer(&fx.socket(), 16);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
