@@ -52,12 +52,24 @@
 //! than the ring holds beside the batches held, is
 //! [`ConsumerError::TooManyBatchesHeld`] instead of a deadlock.
 //!
+//! ## Pauses
+//! A consumer that takes no batch for the producer's stall timeout (10 s by default) while
+//! holding the feed back is let go: the feed goes on without it. Handing out a batch is an
+//! atomic step on the cursor page's lease word that fails once the producer has let the
+//! consumer go, so a let-go consumer never hands out a batch from an overwritten slot; it
+//! rejoins by itself (`Rejoin`, [`Consumer::rejoins`] counts them) and finishes the epoch in
+//! progress from the feed's next `N` samples, delivering only indices it has not seen this
+//! epoch, copied into owned batches ([`BatchOf::is_copy`]). The epoch stays exact. Batches held
+//! across such a pause may have been overwritten: [`BatchOf::is_intact`] says so (check it
+//! after reading a batch held across a long pause).
+//!
 //! ## Waiting and failure
 //! Waiting for samples sleeps on a futex in this consumer's cursor page, which the producer
 //! bumps once the head reaches the end of the batch waited for (one wake-up per batch, not
 //! per sample), at most 100 ms at a time, and checks the control socket at every wake-up: a
 //! producer that exits or is killed is [`ConsumerError::ProducerGone`] within about 100 ms, never a hang; an `End` or `Detached`
-//! from the producer is [`ConsumerError::ProducerEnded`] or [`ConsumerError::Detached`].
+//! from the producer is [`ConsumerError::ProducerEnded`] or [`ConsumerError::Detached`]
+//! (a consumer that broke the protocol, its cursor out of range, say).
 //! Samples already published are still delivered first. Dropping the [`Consumer`] sends
 //! `Leave` and closes the socket.
 //!
@@ -71,8 +83,8 @@
 //!
 //! ## Logging
 //! `tracing` events: `info` when the consumer joins; `warn` when the producer goes away, ends
-//! or detaches this consumer (also returned as errors); `debug` for a failed best-effort
-//! `Leave`; `error` only for a broken internal invariant.
+//! or detaches this consumer (also returned as errors) or lets it go (it rejoins); `debug` for
+//! a failed best-effort `Leave`; `error` only for a broken internal invariant.
 
 mod config;
 mod consumer;

@@ -13,8 +13,14 @@
 //!   its page's wake word, which the producer bumps only once the head reaches the end of the
 //!   batch the consumer waits for (one wake-up per batch, not one per published sample;
 //!   protocol version 2).
+//! - [`writer`]: the producer's only way to write a slot, a [`WriteLoan`] granted once per
+//!   sequence, in order, when every attached reader's cursor allows it (each cursor read once
+//!   and range-checked; a cursor out of range is a [`Violation`] of that reader only); the
+//!   soundness argument for the writes is written there, once.
 //! - [`protocol_core`]: the head/cursor protocol and its memory orderings, model-checked with
-//!   loom (`RUSTFLAGS="--cfg loom" cargo test -p ladle-ring --test loom --release`).
+//!   loom (`RUSTFLAGS="--cfg loom" cargo test -p ladle-ring --test loom --release`), and the
+//!   lease word a consumer delivers batches through and the producer lets a stalled consumer
+//!   go through (one compare-and-swap each, so exactly one wins).
 //! - [`protocol`]: the typed, versioned, length-prefixed control messages, with fd passing.
 //!
 //! The ring file is sealed (`F_SEAL_FUTURE_WRITE`, `SHRINK`, `GROW`) once the producer has

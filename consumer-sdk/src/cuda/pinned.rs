@@ -145,7 +145,8 @@ impl PinnedRing {
             });
         }
         let (images, labels) = (batch.images(), batch.labels());
-        if !pinned.images.contains(images.as_ptr(), images.len())
+        // A batch gathered after a rejoin is a copy in ordinary memory: the driver stages it.
+        if !batch.is_copy() && !pinned.images.contains(images.as_ptr(), images.len())
             || !pinned
                 .labels
                 .contains(labels.as_ptr().cast(), size_of_val(labels))
