@@ -108,6 +108,8 @@ impl State {
 /// Samples copied out of the ring: a batch gathered after a rejoin.
 #[derive(Debug)]
 struct Owned {
+    /// The sequence number of the first sample copied.
+    first_seq: u64,
     images: Vec<u8>,
     labels: Vec<i64>,
     indices: Vec<u64>,
@@ -116,13 +118,17 @@ struct Owned {
 impl Owned {
     fn with_capacity(samples: usize, sample_bytes: usize) -> Self {
         Self {
+            first_seq: 0,
             images: Vec::with_capacity(samples * sample_bytes),
             labels: Vec::with_capacity(samples),
             indices: Vec::with_capacity(samples),
         }
     }
 
-    fn push(&mut self, image: &[u8], label: i64, index: u64) {
+    fn push(&mut self, seq: u64, image: &[u8], label: i64, index: u64) {
+        if self.is_empty() {
+            self.first_seq = seq;
+        }
         self.images.extend_from_slice(image);
         self.labels.push(label);
         self.indices.push(index);
@@ -681,6 +687,7 @@ impl Consumer {
             for (k, &index) in indices.iter().enumerate() {
                 if state.mark_seen(index, self.dataset.len) {
                     owned.push(
+                        first + k as u64,
                         &images[k * sample_bytes..(k + 1) * sample_bytes],
                         labels[k],
                         index,
@@ -751,6 +758,11 @@ impl Consumer {
             }
             if let Some(error) = self.fatal() {
                 return Err(error);
+            }
+            if self.cursor.is_let_go() {
+                // The producer no longer writes for this consumer: what it waits for may
+                // never come. The delivery that follows fails and rejoins.
+                return Ok(true);
             }
             // The producer may be waiting for samples this consumer skipped.
             self.release_free();
@@ -927,7 +939,7 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                     Ok(Some(owned)) => {
                         return Some(Ok(BatchOf {
                             consumer: self.consumer.clone(),
-                            first_seq: owned.indices.first().copied().unwrap_or(0),
+                            first_seq: owned.first_seq,
                             len: owned.len(),
                             epoch: self.number,
                             generation: 0,

@@ -142,6 +142,48 @@ fn an_epoch_abandoned_early_resumes_at_the_next_boundary() {
 }
 
 #[test]
+fn a_consumer_let_go_while_holding_half_the_ring_rejoins_and_still_reads_its_epoch_exactly() {
+    // Held: [0, 256) and [256, 512), the whole ring. Let go, the producer publishes nothing
+    // more for it, so waiting for [512, 768) would never end; the consumer must notice, rejoin
+    // and finish the epoch with the indices it has not seen.
+    const LEN: u64 = 1000;
+    let producer = TestProducer::start(Behaviour::LetGoWhenFull { len: LEN });
+    let consumer = Consumer::connect(producer.socket(), config(256)).unwrap();
+    let mut epoch = consumer.epoch();
+    let a = epoch.next().unwrap().unwrap();
+    let mut previous = epoch.next().unwrap().unwrap();
+    let mut seen: Vec<u64> = a
+        .indices()
+        .iter()
+        .chain(previous.indices())
+        .copied()
+        .collect();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        !a.is_intact(),
+        "the producer let this consumer go while it held `a`"
+    );
+    drop(a);
+    for batch in epoch {
+        let batch = batch.unwrap();
+        assert!(batch.is_copy(), "gathered after the rejoin");
+        assert_consistent(&batch, LEN);
+        seen.extend(batch.indices());
+        previous = batch;
+    }
+    drop(previous);
+    seen.sort_unstable();
+    assert_eq!(seen, (0..LEN).collect::<Vec<_>>(), "the epoch is exact");
+    assert_eq!(consumer.rejoins(), 1);
+    // The next epoch starts where the rejoined window ends and is whole again.
+    let next: Vec<u64> = consumer
+        .epoch()
+        .flat_map(|b| b.unwrap().indices().to_vec())
+        .collect();
+    assert_eq!(next.len() as u64, LEN);
+}
+
+#[test]
 fn held_batches_pin_the_cursor_until_the_oldest_is_dropped() {
     const LEN: u64 = 1000;
     const START: u64 = 3;

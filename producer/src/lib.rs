@@ -247,9 +247,12 @@ impl Shared {
             }
         };
         let held = now.duration_since(watch.since);
-        if held < self.stall_timeout {
+        // Letting the only attached consumer go would help nobody (and cost it a rejoin): a
+        // consumer that joins later is held back at most one poll, since the watch has run.
+        let alone = state.readers.len() <= 1;
+        if held < self.stall_timeout || alone {
             let worth_a_line = Duration::from_secs(1).min(self.stall_timeout / 2);
-            if held >= worth_a_line && !watch.logged {
+            if held >= worth_a_line && !watch.logged && !alone {
                 watch.logged = true;
                 tracing::info!(
                     consumer = m.id,

@@ -83,33 +83,54 @@ fn hold_previous_loops_up_to_half_the_ring_finish_on_lengths_not_a_multiple_of_8
 #[test]
 fn a_stopped_consumer_is_let_go_the_others_go_on_and_on_resuming_it_still_reads_exact_epochs() {
     // Defect 6: one SIGSTOPped consumer froze the feed for everyone, forever, silently.
-    let mut fx = Fixture::new();
-    let data = fx.dataset(300, 40, 36);
-    let serve = fx.serve(&data, &[SMALL_RING, &["--stall-timeout", "1"]].concat());
-    // 10 batches of 32 per epoch at 50 ms a step: well inside its first epoch when stopped.
-    let stopped = fx.consume(32, 3, &["--step-ms", "50", "--check-held"]);
-    std::thread::sleep(Duration::from_millis(400));
-    fx.signal(stopped, 19); // SIGSTOP, mid-epoch, holding a batch
-    let later = fx.consume(64, 2, &["--hold-previous", "--check-held"]);
-    let started = Instant::now();
-    assert_exact(
-        &fx.wait(later, GUARD),
-        2,
-        "consumer that joined after the stopped one",
-    );
-    assert!(started.elapsed() < GUARD);
-    fx.signal(stopped, 18); // SIGCONT
-    let resumed = fx.wait(stopped, GUARD);
-    assert_exact(&resumed, 3, "the consumer that was stopped");
-    assert!(
-        summary(&resumed)["rejoins"].as_u64().unwrap() >= 1,
-        "{}",
-        resumed.stdout
-    );
-    fx.signal(serve, 15);
-    let producer = fx.wait(serve, Duration::from_secs(60));
-    assert!(producer.stderr.contains("let go"), "{}", producer.stderr);
-    assert!(producer.stderr.contains("held back"), "{}", producer.stderr);
+    // Second case: stopped while holding two batches of C/2, it resumes after the others
+    // have left, wanting samples the producer (with nobody attached) will never write.
+    for (len, stopped_args) in [
+        (300u32, &["--batch-size", "32", "--step-ms", "50"][..]),
+        (
+            1500,
+            &["--batch-size", "256", "--step-ms", "50", "--hold-previous"][..],
+        ),
+    ] {
+        let mut fx = Fixture::new();
+        let data = fx.dataset(len, 40, 36);
+        let serve = fx.serve(&data, &[SMALL_RING, &["--stall-timeout", "1"]].concat());
+        let socket = fx.socket();
+        let consume = [
+            "consume",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--epochs",
+            "3",
+            "--json",
+            "--check-held",
+        ];
+        let stopped = fx.spawn(&[&consume[..], stopped_args].concat());
+        std::thread::sleep(Duration::from_millis(400));
+        fx.signal(stopped, 19); // SIGSTOP, mid-epoch, holding a batch
+        let later = fx.consume(64, 2, &["--hold-previous", "--check-held"]);
+        assert_exact(
+            &fx.wait(later, GUARD),
+            2,
+            "consumer that joined after the stopped one",
+        );
+        fx.signal(stopped, 18); // SIGCONT
+        let resumed = fx.wait(stopped, GUARD);
+        assert_exact(
+            &resumed,
+            3,
+            &format!("the stopped consumer {stopped_args:?}"),
+        );
+        assert!(
+            summary(&resumed)["rejoins"].as_u64().unwrap() >= 1,
+            "{}",
+            resumed.stdout
+        );
+        fx.signal(serve, 15);
+        let producer = fx.wait(serve, Duration::from_secs(60));
+        assert!(producer.stderr.contains("let go"), "{}", producer.stderr);
+        assert!(producer.stderr.contains("held back"), "{}", producer.stderr);
+    }
 }
 
 /// Connects and says `Hello` as a consumer of batch `batch` would; returns the socket and

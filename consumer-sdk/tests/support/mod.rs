@@ -66,6 +66,10 @@ pub(crate) enum Behaviour {
     Silent,
     /// Welcome with the next protocol version.
     WrongVersion,
+    /// Serve as `serve(len, 0)`, but once the ring has been full for 200 ms with the
+    /// consumer delivering nothing, let it go and publish nothing more until it rejoins
+    /// (then attach it at the next sequence and go on).
+    LetGoWhenFull { len: u64 },
 }
 
 impl Behaviour {
@@ -206,6 +210,64 @@ fn accept_one(listener: UnixListener, behaviour: Behaviour, shared: &Shared) {
             stop_at,
             at_stop,
         } => serve(sock, len, start_seq, stop_at, at_stop, shared),
+        Behaviour::LetGoWhenFull { len } => serve_letting_go(&sock, len, shared),
+    }
+}
+
+fn serve_letting_go(sock: &UnixStream, len: u64, shared: &Shared) {
+    let ring = ring();
+    let mut readers = ring.readers().unwrap();
+    let page = Arc::new(CursorPage::create(0).unwrap());
+    readers.attach(&ring, 1, page.clone(), None).unwrap();
+    *shared.cursor.lock().unwrap() = Some(page.clone());
+    protocol::send(
+        sock,
+        &ServerMessage::Welcome(welcome(&ring, len, 0)),
+        &[ring.fd(), page.fd().unwrap()],
+    )
+    .unwrap();
+    let mut full_since: Option<(std::time::Instant, u64)> = None;
+    while !stopped(shared) {
+        match protocol::poll::<ClientMessage>(sock) {
+            Ok(None) => {}
+            Ok(Some(ClientMessage::Rejoin)) => {
+                let start = readers.attach(&ring, 1, page.clone(), None).unwrap();
+                protocol::send(sock, &ServerMessage::Rejoined { start_seq: start }, &[]).unwrap();
+            }
+            Ok(Some(ClientMessage::Leave)) => shared.saw_leave.store(true, Ordering::SeqCst),
+            Ok(Some(other)) => panic!("unexpected {other:?}"),
+            Err(_) => {
+                shared.saw_eof.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+        match ring.try_loan(&readers) {
+            Gate::Loan(mut loan) => {
+                let seq = loan.seq();
+                let (image, label, index) = loan.slot();
+                *index = seq % len;
+                *label = *index as i64;
+                image.fill(pixel(*index));
+                if let Some(head) = loan.commit() {
+                    page.wake_if_due(head);
+                }
+                full_since = None;
+            }
+            Gate::Full { .. } => {
+                let lease = page.lease();
+                match full_since {
+                    Some((since, seen)) if seen == lease => {
+                        if since.elapsed() > Duration::from_millis(200) && page.let_go(lease) {
+                            readers.detach(1);
+                            full_since = None;
+                        }
+                    }
+                    _ => full_since = Some((std::time::Instant::now(), lease)),
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Gate::Idle | Gate::Violations(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
     }
 }
 
