@@ -134,7 +134,7 @@ pub enum SampleError {
 impl SampleError {
     /// Whether the error may go away if the read is tried again: the process or system ran
     /// out of file descriptors or memory for a moment, or the call was interrupted. Such an
-    /// error says nothing about the sample; [`Pipeline`](crate::Pipeline) retries it.
+    /// error says nothing about the sample; [`Pipeline`](crate::pipeline::Pipeline) retries it.
     pub fn is_transient(&self) -> bool {
         let Self::Io { source, .. } = self else {
             return false;
