@@ -619,7 +619,8 @@ impl Consumer {
             consumer_id = self.consumer_id,
             start,
             seen = state.seen_count,
-            "the producer let this consumer go (it held the feed back without taking a batch              for the stall timeout); rejoined"
+            "the producer let this consumer go (it held the feed back without taking a batch \
+             for the stall timeout); rejoined"
         );
         Ok(())
     }
