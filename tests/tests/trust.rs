@@ -356,11 +356,11 @@ fn out_of_file_descriptors_the_producer_backs_off_and_delivers_no_corrupt_sample
     let mut fx = Fixture::new();
     let data = fx.dataset(300, 40, 36);
     let socket = fx.socket();
-    let limit = "--nofile=64:64";
+    // `ulimit` is a builtin of every POSIX shell: no util-linux needed.
     let args = [
-        "prlimit",
-        limit,
-        "--",
+        "sh",
+        "-c",
+        "ulimit -n 64 && exec \"$0\" \"$@\"",
         ladle_tests::ladle_bin().to_str().unwrap(),
         "serve",
         "--dataset",
@@ -371,6 +371,13 @@ fn out_of_file_descriptors_the_producer_backs_off_and_delivers_no_corrupt_sample
     let serve = fx.spawn_program(&[&args[..], SMALL_RING].concat());
     fx.wait_for_socket(serve);
     let pid = fx.pid(serve);
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("Max open files") && l.split_whitespace().nth(3) == Some("64")),
+        "the producer does not run under the low limit: {limits}"
+    );
     let good = fx.consume(32, 3, &["--step-ms", "2"]);
     std::thread::sleep(Duration::from_millis(300));
     // Take every descriptor the producer has left, and then some.
