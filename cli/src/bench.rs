@@ -233,16 +233,7 @@ pub(crate) struct FanoutReport {
 
 /// CPU time (user + system) of all waited-for children so far.
 fn children_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a `rusage` into memory of that type; RUSAGE_CHILDREN is valid.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    // SAFETY: getrusage succeeded, so the struct is initialised (it was zeroed anyway).
-    let usage = unsafe { usage.assume_init() };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    crate::usage::cpu_time(libc::RUSAGE_CHILDREN)
 }
 
 /// A child process whose output is read on threads as it comes (a full pipe would stall it).

@@ -13,6 +13,8 @@ mod progress;
 mod scheduler;
 mod serve;
 mod sim;
+mod sweep;
+mod usage;
 
 use clap::{Parser, Subcommand};
 
@@ -57,6 +59,9 @@ enum Command {
     Cancel(scheduler::CancelArgs),
     /// Print a job's stdout and stderr (every attempt).
     Logs(scheduler::LogsArgs),
+    /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
+    /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`.
+    Sweep(sweep::SweepArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -82,6 +87,10 @@ fn main() -> std::process::ExitCode {
         Command::Queue(args) => scheduler::queue(args),
         Command::Cancel(args) => scheduler::cancel(args),
         Command::Logs(args) => scheduler::logs(args),
+        Command::Sweep(args) => match sweep::run(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -27,7 +27,7 @@ pub(crate) struct DirArg {
 }
 
 impl DirArg {
-    fn resolve(&self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn resolve(&self) -> anyhow::Result<PathBuf> {
         if let Some(dir) = &self.dir {
             return Ok(dir.clone());
         }
@@ -41,7 +41,7 @@ impl DirArg {
         Ok(PathBuf::from(home).join(".local/state/ladle/scheduler"))
     }
 
-    fn request(&self, request: &Request) -> anyhow::Result<Response> {
+    pub(crate) fn request(&self, request: &Request) -> anyhow::Result<Response> {
         let socket = daemon::socket_path(&self.resolve()?);
         match protocol::request(&socket, request, CLIENT_TIMEOUT)? {
             Response::Error { message } => bail!("scheduler: {message}"),
@@ -74,6 +74,14 @@ enum MpsChoice {
 pub(crate) struct SchedulerArgs {
     #[command(flatten)]
     dir: DirArg,
+    #[command(flatten)]
+    options: DaemonOptions,
+}
+
+/// How a scheduler daemon admits jobs: shared by `ladle scheduler` and `ladle sweep` (which
+/// starts a private one when none is running).
+#[derive(Debug, Args)]
+pub(crate) struct DaemonOptions {
     /// Admission policy: exclusive, carma-most-free, carma-least-util, carma-first-fit,
     /// carma-best-fit, or ladle (CARMA's rules plus backfill, reservations, per-job MPS
     /// memory limits, learned estimates and feed affinity).
@@ -104,38 +112,47 @@ pub(crate) struct SchedulerArgs {
     settle_s: Option<f64>,
 }
 
+impl DaemonOptions {
+    /// The daemon's configuration for state directory `dir`.
+    pub(crate) fn config(&self, dir: PathBuf) -> anyhow::Result<DaemonConfig> {
+        let mut config = DaemonConfig::new(dir);
+        config.policy = Policy::named(&self.policy)?;
+        if let Some(settle) = self.settle_s {
+            if !(settle.is_finite() && settle >= 0.0) {
+                bail!("--settle-s must be a number ≥ 0");
+            }
+            config.policy.settle_s = settle;
+        }
+        let sim_memory_mib = parse_mib(&self.sim_gpu_mem).context("--sim-gpu-mem")?;
+        if self.sim_gpus == 0 || sim_memory_mib == 0 {
+            bail!("--sim-gpus and --sim-gpu-mem must be positive");
+        }
+        config.gpu = match self.gpu {
+            GpuChoice::Auto => GpuBackend::Auto {
+                sim_gpus: self.sim_gpus,
+                sim_memory_mib,
+            },
+            GpuChoice::Nvml => GpuBackend::Nvml,
+            GpuChoice::Sim => GpuBackend::Sim {
+                gpus: self.sim_gpus,
+                memory_mib: sim_memory_mib,
+            },
+        };
+        config.mps = match self.mps {
+            MpsChoice::Auto => MpsMode::Auto,
+            MpsChoice::On => MpsMode::On,
+            MpsChoice::Off => MpsMode::Off,
+        };
+        config.default_estimate_mib =
+            parse_mib(&self.default_gpu_mem).context("--default-gpu-mem")?;
+        config.max_oom_retries = self.max_oom_retries;
+        Ok(config)
+    }
+}
+
 pub(crate) fn run_daemon(args: SchedulerArgs) -> anyhow::Result<()> {
     let dir = args.dir.resolve()?;
-    let mut config = DaemonConfig::new(dir.clone());
-    config.policy = Policy::named(&args.policy)?;
-    if let Some(settle) = args.settle_s {
-        if !(settle.is_finite() && settle >= 0.0) {
-            bail!("--settle-s must be a number ≥ 0");
-        }
-        config.policy.settle_s = settle;
-    }
-    let sim_memory_mib = parse_mib(&args.sim_gpu_mem).context("--sim-gpu-mem")?;
-    if args.sim_gpus == 0 || sim_memory_mib == 0 {
-        bail!("--sim-gpus and --sim-gpu-mem must be positive");
-    }
-    config.gpu = match args.gpu {
-        GpuChoice::Auto => GpuBackend::Auto {
-            sim_gpus: args.sim_gpus,
-            sim_memory_mib,
-        },
-        GpuChoice::Nvml => GpuBackend::Nvml,
-        GpuChoice::Sim => GpuBackend::Sim {
-            gpus: args.sim_gpus,
-            memory_mib: sim_memory_mib,
-        },
-    };
-    config.mps = match args.mps {
-        MpsChoice::Auto => MpsMode::Auto,
-        MpsChoice::On => MpsMode::On,
-        MpsChoice::Off => MpsMode::Off,
-    };
-    config.default_estimate_mib = parse_mib(&args.default_gpu_mem).context("--default-gpu-mem")?;
-    config.max_oom_retries = args.max_oom_retries;
+    let config = args.options.config(dir.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
@@ -191,6 +208,7 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         gpus: args.gpus,
         feed: args.feed,
         thread_percentage: args.thread_percentage,
+        env: Vec::new(),
     };
     let response = args.dir.request(&Request::Submit(spec))?;
     let Response::Submitted { id, estimate_mib } = response else {

@@ -13,12 +13,19 @@ use ladle_producer::{Producer, ProducerConfig};
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards).
-    #[arg(long)]
-    dataset: PathBuf,
     /// The control socket consumers connect to (created with mode 0600).
     #[arg(long)]
     socket: PathBuf,
+    #[command(flatten)]
+    feed: FeedOptions,
+}
+
+/// What a feed serves and how: shared by `ladle serve` and `ladle sweep`.
+#[derive(Debug, Args)]
+pub(crate) struct FeedOptions {
+    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards).
+    #[arg(long)]
+    pub(crate) dataset: PathBuf,
     /// Shared memory for the sample ring, in MiB; the largest batch a consumer may ask for
     /// is half the samples it holds.
     #[arg(long, default_value_t = 256)]
@@ -49,36 +56,48 @@ pub(crate) struct ServeArgs {
     max_connections: usize,
 }
 
-pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let dataset = ladle_datasets::open(&args.dataset)
-        .with_context(|| format!("cannot read dataset {}", args.dataset.display()))?;
-    let augment = if args.eval {
-        Augment::eval(args.image_size)
-    } else {
-        Augment::train(args.image_size)
-    };
-    let config = ProducerConfig {
-        socket: args.socket.clone(),
-        ring_bytes: args.ring_mib << 20,
-        augment,
-        threads: args.threads.unwrap_or_else(default_threads),
-        seed: args.seed,
-        policy: if args.fail_on_bad_sample {
-            BadSamplePolicy::Fail
+impl FeedOptions {
+    /// Opens the dataset and makes the producer's configuration for a feed on `socket`.
+    pub(crate) fn open(
+        &self,
+        socket: PathBuf,
+    ) -> anyhow::Result<(Box<dyn ladle_datasets::Dataset>, ProducerConfig)> {
+        let dataset = ladle_datasets::open(&self.dataset)
+            .with_context(|| format!("cannot read dataset {}", self.dataset.display()))?;
+        let augment = if self.eval {
+            Augment::eval(self.image_size)
         } else {
-            BadSamplePolicy::Skip
-        },
-        stall_timeout: std::time::Duration::try_from_secs_f64(args.stall_timeout)
+            Augment::train(self.image_size)
+        };
+        let stall_timeout = std::time::Duration::try_from_secs_f64(self.stall_timeout)
             .ok()
             .filter(|t| *t >= std::time::Duration::from_millis(100))
             .with_context(|| {
                 format!(
                     "--stall-timeout {} is not a number of seconds of at least 0.1",
-                    args.stall_timeout
+                    self.stall_timeout
                 )
-            })?,
-        max_connections: args.max_connections,
-    };
+            })?;
+        let config = ProducerConfig {
+            socket,
+            ring_bytes: self.ring_mib << 20,
+            augment,
+            threads: self.threads.unwrap_or_else(default_threads),
+            seed: self.seed,
+            policy: if self.fail_on_bad_sample {
+                BadSamplePolicy::Fail
+            } else {
+                BadSamplePolicy::Skip
+            },
+            stall_timeout,
+            max_connections: self.max_connections,
+        };
+        Ok((dataset, config))
+    }
+}
+
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let (dataset, config) = args.feed.open(args.socket.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
@@ -88,7 +107,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let layout = producer.layout();
     eprintln!(
         "serving {} on {} (ring: {} samples of {}x{}, batch sizes up to {}); Ctrl-C to stop",
-        args.dataset.display(),
+        args.feed.dataset.display(),
         args.socket.display(),
         layout.capacity,
         layout.height,

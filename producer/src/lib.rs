@@ -183,6 +183,9 @@ pub(crate) struct Shared {
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) published: AtomicU64,
     pub(crate) bad: AtomicU64,
+    /// Samples released by consumers that have left or been let go (see
+    /// [`Producer::consumed`]).
+    pub(crate) consumed: AtomicU64,
     pub(crate) stall_timeout: Duration,
     pub(crate) max_connections: usize,
     /// Connection threads alive.
@@ -211,8 +214,15 @@ impl Shared {
         state.readers.detach(id);
         if m.attached {
             state.cuts.remove(m.start % self.info.len);
+            self.count_consumed(&m);
         }
         Some(m)
+    }
+
+    /// Adds what `m` released since it was (last) attached to the consumed total.
+    fn count_consumed(&self, m: &Member) {
+        let released = m.page.cursor().saturating_sub(m.start);
+        self.consumed.fetch_add(released, Ordering::Relaxed);
     }
 
     /// Detaches consumer `id` for good (it broke the protocol): tells it why and closes its
@@ -269,6 +279,7 @@ impl Shared {
         }
         m.attached = false;
         m.watch = None;
+        self.count_consumed(m);
         let (mid, start) = (m.id, m.start);
         tracing::warn!(
             consumer = mid,
@@ -342,6 +353,8 @@ impl<'a> SampleSink for RingSink<'a> {
 pub struct Served {
     /// Samples published.
     pub published: u64,
+    /// Samples consumers released, summed over consumers ([`Producer::consumed`]).
+    pub consumed: u64,
     /// Of them, samples that could not be read or decoded (zero images, label −1).
     pub bad_samples: u64,
 }
@@ -420,6 +433,7 @@ impl Producer {
             stop,
             published: AtomicU64::new(0),
             bad: AtomicU64::new(0),
+            consumed: AtomicU64::new(0),
             stall_timeout: config.stall_timeout,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
@@ -466,6 +480,20 @@ impl Producer {
         self.shared.bad.load(Ordering::Relaxed)
     }
 
+    /// Samples consumers have released so far, summed over consumers (each attachment counts
+    /// from where it started): what private pipelines would have decoded for the same reads.
+    /// A batch still held is not counted until it is dropped.
+    pub fn consumed(&self) -> u64 {
+        let state = self.shared.lock();
+        let live: u64 = state
+            .members
+            .iter()
+            .filter(|m| m.attached)
+            .map(|m| m.page.cursor().saturating_sub(m.start))
+            .sum();
+        self.shared.consumed.load(Ordering::Relaxed) + live
+    }
+
     /// Live consumers (attached or let go).
     pub fn consumers(&self) -> usize {
         self.shared.lock().members.len()
@@ -481,8 +509,10 @@ impl Producer {
     /// consumer `End`, and removes the socket file. Returns what it served.
     pub fn wait(mut self) -> Result<Served, ProducerError> {
         self.join()?;
+        let consumed = self.consumed();
         Ok(Served {
             published: self.published(),
+            consumed,
             bad_samples: self.bad_samples(),
         })
     }

@@ -1208,6 +1208,7 @@ impl State {
             .process_group(0)
             .envs(self.mps_env.iter().cloned())
             .envs(mps::job_env(&uuids, limit_mib, job.spec.thread_percentage))
+            .envs(job.spec.env.iter().cloned())
             .env("LADLE_JOB_ID", id.to_string())
             .env("LADLE_JOB_ATTEMPT", attempt.to_string())
             .spawn()
@@ -1319,6 +1320,7 @@ mod tests {
             gpus: 1,
             feed: None,
             thread_percentage: None,
+            env: Vec::new(),
         }
     }
 

@@ -23,6 +23,11 @@ pub struct JobSpec {
     pub feed: Option<String>,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` for the job, if asked.
     pub thread_percentage: Option<u32>,
+    /// Extra environment variables for the job's process (`ladle sweep` gives each run
+    /// `LADLE_SOCKET` and `LADLE_RUN`). Names are non-empty without `=` or NUL; values
+    /// without NUL ([`crate::protocol::Request::validate`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
 }
 
 impl JobSpec {

@@ -235,6 +235,7 @@ mod tests {
             gpus: 1,
             feed: None,
             thread_percentage: None,
+            env: Vec::new(),
         }
     }
 

@@ -63,6 +63,14 @@ impl Request {
                 gpu_mem_mib: Some(mib),
                 ..
             }) if *mib > MAX_MIB => Err(RequestError::GpuMemoryOutOfRange { mib: *mib }),
+            Self::Submit(JobSpec { env, .. }) => {
+                for (name, value) in env {
+                    if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                        return Err(RequestError::BadEnvironment { name: name.clone() });
+                    }
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -79,6 +87,13 @@ pub enum RequestError {
     GpuMemoryOutOfRange {
         /// The memory stated, MiB.
         mib: u64,
+    },
+    /// An environment variable whose name is empty or holds `=` or NUL, or whose value
+    /// holds NUL: no process can be given it.
+    #[error("environment variable {name:?}: a name must be non-empty without '=' or NUL, a value without NUL")]
+    BadEnvironment {
+        /// The variable's name.
+        name: String,
     },
 }
 
@@ -368,5 +383,30 @@ mod tests {
             panic!("not a submit");
         };
         assert_eq!(spec.gpu_mem_mib, Some(MAX_MIB));
+    }
+
+    #[test]
+    fn environment_variables_no_process_can_take_are_refused() {
+        let spec = |name: &str, value: &str| {
+            Request::Submit(JobSpec {
+                command: vec!["true".into()],
+                cwd: "/".into(),
+                gpu_mem_mib: None,
+                gpus: 1,
+                feed: None,
+                thread_percentage: None,
+                env: vec![(name.into(), value.into())],
+            })
+        };
+        assert_eq!(spec("LADLE_SOCKET", "/tmp/s.sock").validate(), Ok(()));
+        for (name, value) in [("", "x"), ("A=B", "x"), ("A\0", "x"), ("A", "x\0y")] {
+            assert!(
+                matches!(
+                    spec(name, value).validate(),
+                    Err(RequestError::BadEnvironment { .. })
+                ),
+                "{name:?}={value:?}"
+            );
+        }
     }
 }
