@@ -11,9 +11,10 @@ use ladle_consumer::prelude::*;
 
 #[derive(Debug, Args)]
 pub(crate) struct ConsumeArgs {
-    /// The producer's control socket.
+    /// The producer's control socket (default: $LADLE_SOCKET, which `ladle sweep` sets for
+    /// every run).
     #[arg(long, value_name = "PATH")]
-    socket: PathBuf,
+    socket: Option<PathBuf>,
     /// Samples per batch (at most half the producer's ring).
     #[arg(long, value_name = "B", default_value_t = 32)]
     batch_size: u32,
@@ -30,7 +31,8 @@ pub(crate) struct ConsumeArgs {
     /// Print one JSON object per line: one per epoch, then a summary.
     #[arg(long)]
     json: bool,
-    /// A name for the producer's logs (default: `consumer-<pid>`).
+    /// A name for the producer's logs (default: $LADLE_RUN, which `ladle sweep` sets for
+    /// every run, else `consumer-<pid>`).
     #[arg(long, value_name = "NAME")]
     name: Option<String>,
     /// Milliseconds to sleep per batch while holding it, to emulate a training step.
@@ -119,15 +121,26 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.name = name;
     }
-    // Connection errors name the socket and say what to check.
-    let consumer = Consumer::connect(&args.socket, config)?;
+    // Connection errors name the socket and say what to check. Without --socket, the run's
+    // environment names it (`ladle sweep` sets LADLE_SOCKET and LADLE_RUN).
+    let consumer = match &args.socket {
+        Some(socket) => Consumer::connect(socket, config)?,
+        None => Consumer::connect_from_env(config).map_err(|e| match e {
+            ConnectError::NoSocket { variable } => anyhow::anyhow!(
+                "no producer socket: pass --socket PATH, or set {variable} \
+                 (`ladle sweep` sets it for every run)"
+            ),
+            other => other.into(),
+        })?,
+    };
     let dataset = consumer.dataset();
     let layout = consumer.layout();
     if !args.json {
         eprintln!(
-            "joined {} as consumer {}: {} samples of {}x{} from {}, batches of {}",
-            args.socket.display(),
+            "joined {} as consumer {} ({}): {} samples of {}x{} from {}, batches of {}",
+            consumer.socket().display(),
             consumer.consumer_id(),
+            consumer.config().name,
             dataset.len,
             layout.height,
             layout.width,

@@ -1,9 +1,25 @@
-//! The consumer's settings.
+//! The consumer's settings, and the environment a run of a feed is started with.
 
+use std::ffi::OsStr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::error::ConnectError;
+
+/// The environment variable that holds a feed's control socket: `ladle sweep` sets it for
+/// every run (as does the scheduler for a job of a feed).
+/// [`Consumer::connect_from_env`](crate::Consumer::connect_from_env) connects to it, and
+/// `ladle consume` and the Python `ladle.Consumer` use it when given no socket.
+pub const SOCKET_ENV: &str = "LADLE_SOCKET";
+
+/// The environment variable that holds a run's name: `ladle sweep` sets it for every run.
+/// When it is set and not empty, [`ConsumerConfig::default`] takes it as the consumer's
+/// [`name`](ConsumerConfig::name), so the producer's logs say which run is which.
+pub const RUN_ENV: &str = "LADLE_RUN";
+
 /// How a consumer reads: its batch size, whether it drops the partial last batch, and how
-/// many batches it may hold at once. `Default` gives batches of 32, the partial batch kept.
+/// many batches it may hold at once. `Default` gives batches of 32, the partial batch kept,
+/// and the name `$LADLE_RUN` ([`RUN_ENV`]) or else `consumer-<pid>`.
 ///
 /// ```
 /// use ladle_consumer::ConsumerConfig;
@@ -16,7 +32,8 @@ pub struct ConsumerConfig {
     pub batch_size: u32,
     /// Skip the last, partial batch of each epoch.
     pub drop_last: bool,
-    /// A name for the producer's logs (default `consumer-<pid>`).
+    /// A name for the producer's logs (default `$LADLE_RUN` when set and not empty, else
+    /// `consumer-<pid>`).
     pub name: String,
     /// The most batches this consumer may hold at once; asking for one more is
     /// [`ConsumerError::TooManyBatchesHeld`](crate::ConsumerError::TooManyBatchesHeld).
@@ -30,9 +47,64 @@ impl Default for ConsumerConfig {
         Self {
             batch_size: 32,
             drop_last: false,
-            name: format!("consumer-{}", std::process::id()),
+            name: default_name(std::env::var_os(RUN_ENV).as_deref()),
             max_batches_held: 8,
             handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The default consumer name, given the value of [`RUN_ENV`]: that value when set and not
+/// empty (a name that is not UTF-8 is converted lossily; it only labels logs), else
+/// `consumer-<pid>`.
+fn default_name(run: Option<&OsStr>) -> String {
+    match run {
+        Some(run) if !run.is_empty() => run.to_string_lossy().into_owned(),
+        _ => format!("consumer-{}", std::process::id()),
+    }
+}
+
+/// The socket named by the value of [`SOCKET_ENV`]; unset or empty is
+/// [`ConnectError::NoSocket`].
+pub(crate) fn socket_from_env(value: Option<&OsStr>) -> Result<PathBuf, ConnectError> {
+    match value {
+        Some(socket) if !socket.is_empty() => Ok(PathBuf::from(socket)),
+        _ => Err(ConnectError::NoSocket {
+            variable: SOCKET_ENV,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_name_is_the_run_name_when_one_is_set() {
+        assert_eq!(default_name(Some(OsStr::new("lr-0.1"))), "lr-0.1");
+        let fallback = format!("consumer-{}", std::process::id());
+        assert_eq!(default_name(Some(OsStr::new(""))), fallback);
+        assert_eq!(default_name(None), fallback);
+    }
+
+    #[test]
+    fn an_unset_or_empty_socket_variable_is_no_socket_naming_it() {
+        assert_eq!(
+            socket_from_env(Some(OsStr::new("/run/feed.sock"))).ok(),
+            Some(PathBuf::from("/run/feed.sock"))
+        );
+        for value in [None, Some(OsStr::new(""))] {
+            let error = socket_from_env(value).err();
+            assert!(
+                matches!(
+                    error,
+                    Some(ConnectError::NoSocket {
+                        variable: "LADLE_SOCKET"
+                    })
+                ),
+                "{error:?}"
+            );
+            assert!(error.is_some_and(|e| e.to_string().starts_with("LADLE_SOCKET is not set")));
         }
     }
 }

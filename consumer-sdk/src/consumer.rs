@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use ladle_ring::protocol::{self, ClientMessage, DatasetInfo, Hello, ServerMessage};
 use ladle_ring::{ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, sys};
 
-use crate::config::ConsumerConfig;
+use crate::config::{self, ConsumerConfig};
 use crate::error::{ConnectError, ConsumerError};
 
 /// How long one wait for the head sleeps before the control socket is checked again: a
@@ -325,6 +325,30 @@ impl Consumer {
             }),
             catching_up: Mutex::new(()),
         })
+    }
+
+    /// Connects to the producer whose control socket `$LADLE_SOCKET`
+    /// ([`SOCKET_ENV`](crate::SOCKET_ENV)) names, as [`Consumer::connect`] does: what a run of
+    /// `ladle sweep` (or a scheduler job of a feed) calls, so that a training script needs no
+    /// socket flag. The default [`ConsumerConfig::name`] is already `$LADLE_RUN`
+    /// ([`RUN_ENV`](crate::RUN_ENV)) when set.
+    ///
+    /// Fails with [`ConnectError::NoSocket`], naming the variable, when it is unset or empty,
+    /// and otherwise as [`Consumer::connect`] does.
+    ///
+    /// ```no_run
+    /// use ladle_consumer::prelude::*;
+    ///
+    /// # fn main() -> Result<(), ConnectError> {
+    /// let config = ConsumerConfig { batch_size: 64, ..ConsumerConfig::default() };
+    /// let consumer = Consumer::connect_from_env(config)?;
+    /// println!("{} joined {}", consumer.config().name, consumer.socket().display());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn connect_from_env(config: ConsumerConfig) -> Result<Self, ConnectError> {
+        let socket = config::socket_from_env(std::env::var_os(config::SOCKET_ENV).as_deref())?;
+        Self::connect(socket, config)
     }
 
     /// Starts the next epoch: the `N` (dataset length) sequence numbers

@@ -7,10 +7,22 @@ use std::time::Duration;
 
 use ladle_ring::{LayoutError, ProtocolError, ShmError};
 
-/// [`Consumer::connect`](crate::Consumer::connect) failed.
+/// [`Consumer::connect`](crate::Consumer::connect) or
+/// [`Consumer::connect_from_env`](crate::Consumer::connect_from_env) failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
+    /// [`Consumer::connect_from_env`](crate::Consumer::connect_from_env) found no socket: the
+    /// variable ([`SOCKET_ENV`](crate::SOCKET_ENV), `LADLE_SOCKET`) is unset or empty, so
+    /// this process was not started as a run of a feed (`ladle sweep` sets it for every run).
+    #[error(
+        "{variable} is not set (or is empty), so there is no producer socket to join: give the \
+         socket explicitly, or set {variable} (`ladle sweep` sets it for every run)"
+    )]
+    NoSocket {
+        /// The environment variable that was read.
+        variable: &'static str,
+    },
     /// The configured batch size is zero; checked before connecting.
     #[error("{}: batch size 0 requested; a batch holds at least one sample", socket.display())]
     ZeroBatchSize {

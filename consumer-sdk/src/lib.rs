@@ -32,6 +32,25 @@
 //! # }
 //! ```
 //!
+//! ## Runs of a feed: `LADLE_SOCKET` and `LADLE_RUN`
+//! `ladle sweep` starts every run of a sweep with the feed's control socket in `LADLE_SOCKET`
+//! ([`SOCKET_ENV`]) and the run's name in `LADLE_RUN` ([`RUN_ENV`]). A training script joins
+//! its feed with [`Consumer::connect_from_env`] instead of taking a socket flag; it fails with
+//! [`ConnectError::NoSocket`], naming the variable, when `LADLE_SOCKET` is unset or empty.
+//! [`ConsumerConfig::default`] names the consumer `$LADLE_RUN` when that is set and not empty
+//! (else `consumer-<pid>`), so the producer's logs say which run is which. `ladle consume`
+//! (no `--socket`) and the Python `ladle.Consumer` (no `socket`) read the same variables.
+//!
+//! ```no_run
+//! use ladle_consumer::prelude::*;
+//!
+//! # fn main() -> Result<(), ConnectError> {
+//! // Started by `ladle sweep ... -- my-trainer`: LADLE_SOCKET and LADLE_RUN are set.
+//! let consumer = Consumer::connect_from_env(ConsumerConfig::default())?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Epochs
 //! The producer gives each consumer a start sequence number `S` when it joins. The consumer's
 //! epoch `k` is the `N` (dataset length) consecutive samples `[S + k·N, S + (k+1)·N)`; the
@@ -93,7 +112,7 @@ mod convert;
 pub mod cuda;
 mod error;
 
-pub use config::ConsumerConfig;
+pub use config::{ConsumerConfig, RUN_ENV, SOCKET_ENV};
 pub use consumer::{Batch, BatchOf, Consumer, Epoch, EpochOf, SharedBatch, SharedEpoch};
 pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
 pub use error::{ConnectError, ConsumerError};

@@ -44,8 +44,9 @@ create_exception!(
     ladle,
     ConnectError,
     LadleError,
-    "No producer could be joined: no socket, nobody listening, a foreign or rejecting peer, a \
-     version mismatch, or no answer in time. The message names the socket."
+    "No producer could be joined: no socket (none given and LADLE_SOCKET unset), nobody \
+     listening, a foreign or rejecting peer, a version mismatch, or no answer in time. The \
+     message names the socket, or the variable."
 );
 create_exception!(
     ladle,
@@ -100,7 +101,8 @@ fn consumer_error(error: ConsumerError) -> PyErr {
 }
 
 /// A connection to a `ladle serve` producer. `for batch in consumer:` reads one epoch; the
-/// next `for` reads the next one.
+/// next `for` reads the next one. Without a socket it joins the feed named by
+/// `$LADLE_SOCKET` (set by `ladle sweep` for every run); the name defaults to `$LADLE_RUN`.
 #[pyclass(name = "Consumer", module = "ladle", frozen)]
 struct PyConsumer {
     inner: Arc<Consumer>,
@@ -109,10 +111,10 @@ struct PyConsumer {
 #[pymethods]
 impl PyConsumer {
     #[new]
-    #[pyo3(signature = (socket, batch_size, drop_last = false, *, max_batches_held = 8, name = None, timeout = 10.0))]
+    #[pyo3(signature = (socket = None, batch_size = 32, drop_last = false, *, max_batches_held = 8, name = None, timeout = 10.0))]
     fn new(
         py: Python<'_>,
-        socket: PathBuf,
+        socket: Option<PathBuf>,
         batch_size: i64,
         drop_last: bool,
         max_batches_held: i64,
@@ -148,8 +150,13 @@ impl PyConsumer {
         if let Some(name) = name {
             config.name = name;
         }
+        // No socket: the run's environment names it (`ladle sweep` sets LADLE_SOCKET); unset
+        // is a ConnectError naming the variable.
         let consumer = py
-            .detach(|| Consumer::connect(&socket, config))
+            .detach(|| match socket {
+                Some(socket) => Consumer::connect(socket, config),
+                None => Consumer::connect_from_env(config),
+            })
             .map_err(connect_error)?;
         Ok(Self {
             inner: Arc::new(consumer),
@@ -187,6 +194,12 @@ impl PyConsumer {
     #[getter]
     fn max_batches_held(&self) -> usize {
         self.inner.config().max_batches_held
+    }
+
+    /// The name the producer's logs show: `name=`, else `$LADLE_RUN`, else `consumer-<pid>`.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.config().name
     }
 
     /// Batches handed out and still alive (with any array made from them).

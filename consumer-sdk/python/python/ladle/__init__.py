@@ -12,6 +12,10 @@ batch size, joining whenever it starts::
             images, labels = batch.to_torch("cuda:0", normalize=ladle.IMAGENET)
             ...                                     # forward, backward, step
 
+A run started by ``ladle sweep`` finds its feed in ``$LADLE_SOCKET`` and its name in
+``$LADLE_RUN``: ``ladle.Consumer(batch_size=128)`` (no socket) joins that feed, and raises
+:class:`ConnectError` naming ``LADLE_SOCKET`` when it is unset.
+
 ``batch.images`` ([B, H, W, 3] uint8) and ``batch.labels`` ([B] int64) are read-only views
 of the shared ring: ``numpy.asarray(batch.images)`` and ``torch.from_dlpack(batch.images)``
 copy nothing.

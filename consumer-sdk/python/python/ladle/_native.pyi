@@ -11,7 +11,8 @@ class LadleError(Exception):
     """Base class of every error ladle raises (bad arguments raise ValueError)."""
 
 class ConnectError(LadleError):
-    """No producer could be joined; the message names the socket."""
+    """No producer could be joined; the message names the socket (or ``LADLE_SOCKET``, when
+    no socket was given and it is unset)."""
 
 class ProducerGone(LadleError):
     """The producer exited or was killed."""
@@ -99,12 +100,17 @@ class Epoch(Iterator[Batch]):
     def __next__(self) -> Batch: ...
 
 class Consumer:
-    """A connection to a ``ladle serve`` producer; ``for batch in consumer`` reads one epoch."""
+    """A connection to a ``ladle serve`` producer; ``for batch in consumer`` reads one epoch.
+
+    ``socket=None`` joins the feed named by ``$LADLE_SOCKET`` (``ladle sweep`` sets it for
+    every run) and raises :class:`ConnectError` naming the variable when it is unset or
+    empty. ``name=None`` means ``$LADLE_RUN`` when set, else ``consumer-<pid>``.
+    """
 
     def __init__(
         self,
-        socket: str | PathLike[str],
-        batch_size: int,
+        socket: str | PathLike[str] | None = None,
+        batch_size: int = 32,
         drop_last: bool = False,
         *,
         max_batches_held: int = 8,
@@ -121,6 +127,9 @@ class Consumer:
     def drop_last(self) -> bool: ...
     @property
     def max_batches_held(self) -> int: ...
+    @property
+    def name(self) -> str:
+        """The name the producer's logs show (``name``, ``$LADLE_RUN`` or ``consumer-<pid>``)."""
     @property
     def held_batches(self) -> int: ...
     @property
