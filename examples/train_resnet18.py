@@ -2,12 +2,11 @@
 """Train torchvision's ResNet-18 for a few hundred steps from a ladle producer, or (with
 ``--dataloader``) from a plain ``torch.utils.data.DataLoader`` over the same files.
 
-One producer, several collocated training runs (a hyper-parameter sweep)::
+One feed, several collocated training runs admitted by the scheduler (a hyper-parameter
+sweep; each run finds the feed in ``$LADLE_SOCKET``)::
 
-    ladle serve --dataset ~/.cache/ladle/demo-imagefolder-v2-1000 --socket /tmp/ladle.sock &
-    for lr in 0.1 0.05 0.02 0.01; do
-        python examples/train_resnet18.py --socket /tmp/ladle.sock --lr $lr --batch-size 64 &
-    done; wait
+    ladle sweep --dataset ~/.cache/ladle/demo-imagefolder-v2-1000 -- \
+        python examples/train_resnet18.py --lr '{0.1,0.05,0.02,0.01}' --batch-size 64
 
 The same runs, each decoding the images itself::
 
@@ -16,7 +15,7 @@ The same runs, each decoding the images itself::
             --lr $lr --batch-size 64 --workers 1 &
     done; wait
 
-``examples/sweep.sh`` runs both and prints the totals. Each run prints one JSON line at the
+``examples/sweep.sh`` runs the first. Each run prints one JSON line at the
 end: steps, samples/s, its loss curve's ends, and the process's CPU seconds.
 """
 
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import time
 
@@ -72,8 +72,10 @@ def dataloader_batches(args, device):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--socket", help="a `ladle serve` control socket")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--socket", default=os.environ.get("LADLE_SOCKET"),
+                        help="a `ladle serve` control socket (default: $LADLE_SOCKET, which "
+                             "`ladle sweep` sets)")
     source.add_argument("--dataloader", metavar="DIR",
                         help="an ImageFolder directory read with torch's DataLoader instead")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -82,6 +84,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if not (args.socket or args.dataloader):
+        parser.error("give --socket, --dataloader, or run under `ladle sweep` ($LADLE_SOCKET)")
     device = torch.device(args.device)
 
     batches, num_classes = (ladle_batches if args.socket else dataloader_batches)(args, device)

@@ -90,7 +90,9 @@ pub enum RequestError {
     },
     /// An environment variable whose name is empty or holds `=` or NUL, or whose value
     /// holds NUL: no process can be given it.
-    #[error("environment variable {name:?}: a name must be non-empty without '=' or NUL, a value without NUL")]
+    #[error(
+        "environment variable {name:?}: a name must be non-empty without '=' or NUL, a value without NUL"
+    )]
     BadEnvironment {
         /// The variable's name.
         name: String,

@@ -1,0 +1,159 @@
+//! `ladle sweep` end to end (issue 14): the runs of a grid go through the scheduler as
+//! consumers of one feed, and stopping the sweep leaves nothing behind.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::Path;
+use std::time::Duration;
+
+use ladle_tests::{Fixture, ladle_bin};
+use serde_json::Value;
+
+const GUARD: Duration = Duration::from_secs(300);
+
+/// Processes whose environment names `socket` as their feed.
+fn processes_of(socket: &Path) -> Vec<u32> {
+    let needle = format!("LADLE_SOCKET={}", socket.display());
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|&b| b == 0)
+            .any(|var| var == needle.as_bytes())
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn a_sweep_runs_its_grid_through_the_scheduler_as_consumers_of_one_feed() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(600, 80, 60);
+    let out = fx.path().join("sweep");
+    let ladle = ladle_bin().to_str().unwrap();
+    let done = fx.run(
+        &[
+            "sweep",
+            "--dataset",
+            data.to_str().unwrap(),
+            "--image-size",
+            "64",
+            "--ring-mib",
+            "2",
+            "--gpu",
+            "sim",
+            "--sim-gpus",
+            "2",
+            "--settle-s",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+            "--",
+            ladle,
+            "consume",
+            "--batch-size",
+            "{32,64,128}",
+            "--epochs",
+            "2",
+            "--json",
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let report: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{report}");
+    let mut consumed = 0;
+    for (run, batch) in runs.iter().zip(["32", "64", "128"]) {
+        assert_eq!(run["exit_code"], 0, "{run}");
+        assert!(
+            run["args"].as_array().unwrap().iter().any(|a| a == batch),
+            "{run}"
+        );
+        let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
+        let epochs: Vec<Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v.get("epoch").is_some())
+            .collect();
+        assert_eq!(epochs.len(), 2, "{log}");
+        for e in &epochs {
+            assert_eq!(e["exact_coverage"], true, "{e}");
+            consumed += e["samples"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(consumed, 3 * 2 * 600);
+    let published = report["feed"]["samples_published"].as_u64().unwrap();
+    assert!(
+        published * 3 < consumed * 2,
+        "decoded once for all: {published} published for {consumed} consumed"
+    );
+    assert!(
+        report["cost"]["private_pipelines_cpu_seconds"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let socket = Path::new(report["feed"]["socket"].as_str().unwrap()).to_owned();
+    assert!(!socket.exists(), "the feed's socket is left behind");
+    assert!(processes_of(&socket).is_empty(), "a run is still running");
+}
+
+#[test]
+fn sigterm_mid_sweep_cancels_every_run_and_leaves_nothing_behind() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(100, 80, 60);
+    let out = fx.path().join("sweep");
+    let ladle = ladle_bin().to_str().unwrap();
+    let sweep = fx.spawn(&[
+        "sweep",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--gpu",
+        "sim",
+        "--settle-s",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        ladle,
+        "consume",
+        "--batch-size",
+        "{16,32}",
+        "--epochs",
+        "100000",
+        "--step-ms",
+        "10",
+    ]);
+    let socket = out.join("feed.sock");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while processes_of(&socket).len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runs never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fx.signal(sweep, 15);
+    let done = fx.wait(sweep, Duration::from_secs(120));
+    assert!(!done.status.success(), "a cancelled sweep reports failure");
+    assert!(done.stderr.contains("cancel"), "{}", done.stderr);
+    assert!(processes_of(&socket).is_empty(), "runs outlived the sweep");
+    assert!(!socket.exists(), "the feed's socket is left behind");
+    assert!(
+        !out.join("scheduler").join("scheduler.sock").exists(),
+        "the private scheduler's socket is left behind"
+    );
+}
