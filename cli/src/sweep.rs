@@ -50,7 +50,7 @@ pub(crate) struct SweepArgs {
     #[arg(long, value_name = "DIR")]
     scheduler_dir: Option<PathBuf>,
     /// The sweep's directory: the feed's socket, the private scheduler's state and the runs'
-    /// logs (default: ./ladle-sweep-<unix time>).
+    /// logs (default: `./ladle-sweep-UNIXTIME`).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Device memory each run needs per GPU (as `ladle submit --gpu-mem`).
