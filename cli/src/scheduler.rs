@@ -17,7 +17,7 @@ use ladle_scheduler::units::{format_mib, parse_mib};
 /// How long a client waits for the daemon's answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct DirArg {
     /// The scheduler's state directory (socket `scheduler.sock`, journal, job logs, MPS
     /// pipes). Default: $LADLE_SCHEDULER_DIR, else $XDG_STATE_HOME/ladle/scheduler, else
@@ -177,8 +177,9 @@ pub(crate) struct SubmitArgs {
     /// GPUs the job needs at once.
     #[arg(long, default_value_t = 1)]
     gpus: u32,
-    /// The producer feed the job consumes (`ladle serve`'s name for it): consumers of one
-    /// feed are placed together.
+    /// The producer feed the job consumes (`ladle serve --name NAME`, registered with this
+    /// scheduler): the job gets its socket in LADLE_SOCKET, and consumers of one feed are
+    /// placed together. A name no live feed has is refused.
     #[arg(long)]
     feed: Option<String>,
     /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the job, 1–100 (default: unset, all SMs).
@@ -260,6 +261,18 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             g.sm_activity_risk,
             g.jobs
         );
+    }
+    if let Response::Feeds { feeds } = args.dir.request(&Request::Feeds)? {
+        for f in &feeds {
+            println!(
+                "feed {:?} on {} ({}, {} decode threads, pid {})",
+                f.name,
+                f.socket.display(),
+                f.dataset,
+                f.threads,
+                f.pid
+            );
+        }
     }
     println!(
         "{:>5}  {:<12} {:<6} {:>9} {:>9} {:>4}  command",

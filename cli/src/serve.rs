@@ -16,6 +16,13 @@ pub(crate) struct ServeArgs {
     /// The control socket consumers connect to (created with mode 0600).
     #[arg(long)]
     socket: PathBuf,
+    /// Register the feed under this name with the running scheduler (see --dir): jobs
+    /// submitted with `ladle submit --feed NAME` get its socket in LADLE_SOCKET.
+    #[arg(long)]
+    name: Option<String>,
+    /// The scheduler to register with (with --name); default as for `ladle submit`.
+    #[command(flatten)]
+    scheduler: crate::scheduler::DirArg,
     #[command(flatten)]
     feed: FeedOptions,
 }
@@ -98,6 +105,7 @@ impl FeedOptions {
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (dataset, config) = args.feed.open(args.socket.clone())?;
+    let producer_threads = config.threads;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
@@ -114,6 +122,28 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         layout.width,
         layout.max_batch()
     );
+    if let Some(name) = &args.name {
+        let socket = args
+            .socket
+            .canonicalize()
+            .unwrap_or_else(|_| args.socket.clone());
+        let spec = ladle_scheduler::protocol::FeedSpec {
+            name: name.clone(),
+            socket,
+            dataset: args.feed.dataset.display().to_string(),
+            threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
+            pid: std::process::id(),
+        };
+        let registered = args
+            .scheduler
+            .request(&ladle_scheduler::protocol::Request::RegisterFeed(spec));
+        if let Err(e) = registered {
+            producer.stop();
+            let _ = producer.wait();
+            return Err(e.context(format!("cannot register the feed {name:?}")));
+        }
+        eprintln!("registered as feed {name:?}: `ladle submit --feed {name}` jobs get its socket");
+    }
     let started = std::time::Instant::now();
     let served = producer.wait().context("the producer failed")?;
     let (published, bad) = (served.published, served.bad_samples);

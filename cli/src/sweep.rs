@@ -53,6 +53,9 @@ pub(crate) struct SweepArgs {
     /// logs (default: `./ladle-sweep-UNIXTIME`).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// The name the feed registers under with the scheduler (default: sweep-PID).
+    #[arg(long, value_name = "NAME")]
+    feed_name: Option<String>,
     /// Device memory each run needs per GPU (as `ladle submit --gpu-mem`).
     #[arg(long)]
     gpu_mem: Option<String>,
@@ -328,11 +331,25 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     let started = Instant::now();
     let socket = out.join("feed.sock");
     let (dataset, config) = args.feed.open(socket.clone())?;
+    let threads = config.threads;
     let feed_stop = Arc::new(AtomicBool::new(false));
     let producer = Producer::start_with_stop(Arc::from(dataset), config, feed_stop.clone())
         .with_context(|| format!("cannot start the feed on {}", socket.display()))?;
     let mut scheduler = start_scheduler(&args, &out)?;
-    let feed_name = format!("sweep-{}", std::process::id());
+    let feed_name = args
+        .feed_name
+        .clone()
+        .unwrap_or_else(|| format!("sweep-{}", std::process::id()));
+    let threads = u32::try_from(threads).unwrap_or(u32::MAX);
+    scheduler
+        .request(&Request::RegisterFeed(protocol::FeedSpec {
+            name: feed_name.clone(),
+            socket: socket.clone(),
+            dataset: args.feed.dataset.display().to_string(),
+            threads,
+            pid: std::process::id(),
+        }))
+        .with_context(|| format!("registering the feed {feed_name:?} with the scheduler"))?;
     say(
         args.json,
         &format!(

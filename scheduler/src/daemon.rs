@@ -42,7 +42,7 @@ use crate::journal::{Journal, JournalError, Outcome, Record};
 use crate::mps::{self, Mps, MpsError};
 use crate::policy::{Admission, GpuState, Pending, Policy};
 use crate::protocol::{
-    self, AttemptLogs, GpuView, JobView, LOG_TAIL, ProtocolError, Request, Response,
+    self, AttemptLogs, FeedSpec, GpuView, JobView, LOG_TAIL, ProtocolError, Request, Response,
 };
 use crate::sys;
 use crate::telemetry::{
@@ -230,6 +230,15 @@ struct State {
     max_oom_retries: u32,
     mps_env: Vec<(String, String)>,
     clock: Instant,
+    /// Registered producer feeds by name; not journaled (a feed re-registers when it
+    /// starts, and lives as long as its process).
+    feeds: BTreeMap<String, Feed>,
+}
+
+/// A registered feed and the start time of its process (so a reused pid is not taken for it).
+struct Feed {
+    spec: FeedSpec,
+    started: u64,
 }
 
 struct Shared {
@@ -328,6 +337,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         dir: dir.clone(),
         default_estimate_mib: config.default_estimate_mib,
         max_oom_retries: config.max_oom_retries,
+        feeds: BTreeMap::new(),
         mps_env: mps.as_ref().map(Mps::env).unwrap_or_default(),
         clock: Instant::now(),
     };
@@ -729,10 +739,64 @@ impl State {
             Request::Queue => self.queue_view(),
             Request::Cancel { id } => self.cancel(id),
             Request::Logs { id } => self.logs(id),
+            Request::RegisterFeed(feed) => self.register_feed(feed),
+            Request::Feeds => Response::Feeds {
+                feeds: self.live_feeds().map(|f| f.spec.clone()).collect(),
+            },
         }
     }
 
-    fn submit(&mut self, spec: JobSpec) -> Response {
+    /// The feeds whose serving process is still the one that registered.
+    fn live_feeds(&mut self) -> impl Iterator<Item = &Feed> {
+        self.feeds.retain(|_, f| {
+            let alive = sys::start_ticks(f.spec.pid) == Some(f.started);
+            if !alive {
+                tracing::info!(feed = %f.spec.name, "feed gone (its process ended)");
+            }
+            alive
+        });
+        self.feeds.values()
+    }
+
+    fn register_feed(&mut self, spec: FeedSpec) -> Response {
+        let Some(started) = sys::start_ticks(spec.pid) else {
+            return Response::Error {
+                message: format!("feed {:?}: no process {} serves it", spec.name, spec.pid),
+            };
+        };
+        if let Some(other) = self.live_feeds().find(|f| f.spec.name == spec.name)
+            && other.spec.pid != spec.pid
+        {
+            return Response::Error {
+                message: format!(
+                    "a feed named {:?} is already served by process {} on {}",
+                    spec.name,
+                    other.spec.pid,
+                    other.spec.socket.display()
+                ),
+            };
+        }
+        tracing::info!(feed = %spec.name, socket = %spec.socket.display(), pid = spec.pid, "feed registered");
+        let name = spec.name.clone();
+        self.feeds.insert(name.clone(), Feed { spec, started });
+        Response::FeedRegistered { name }
+    }
+
+    fn submit(&mut self, mut spec: JobSpec) -> Response {
+        if let Some(name) = spec.feed.clone() {
+            let Some(feed) = self.live_feeds().find(|f| f.spec.name == name) else {
+                return Response::Error {
+                    message: format!(
+                        "no live feed named {name:?}: start `ladle serve --name {name} ...` \
+                         (with this scheduler running) first"
+                    ),
+                };
+            };
+            let socket = feed.spec.socket.display().to_string();
+            if !spec.env.iter().any(|(k, _)| k == "LADLE_SOCKET") {
+                spec.env.push(("LADLE_SOCKET".to_owned(), socket));
+            }
+        }
         let usable = self.gpus.iter().filter(|g| g.unsuitable.is_empty()).count();
         if spec.command.is_empty() || spec.command[0].is_empty() {
             return Response::Error {

@@ -49,7 +49,30 @@ pub enum Request {
         /// Job id.
         id: JobId,
     },
+    /// A producer feed announces itself (`ladle serve --name`, `ladle sweep`): jobs submitted
+    /// with its name get its socket in `LADLE_SOCKET`.
+    RegisterFeed(FeedSpec),
+    /// The live feeds.
+    Feeds,
 }
+
+/// A producer feed, as it registers with the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedSpec {
+    /// Its name (what `ladle submit --feed` names).
+    pub name: String,
+    /// Its control socket.
+    pub socket: std::path::PathBuf,
+    /// What it serves, for `ladle queue`.
+    pub dataset: String,
+    /// Its decode threads.
+    pub threads: u32,
+    /// The process serving it: the feed lives as long as that process.
+    pub pid: u32,
+}
+
+/// Longest feed name.
+pub const MAX_FEED_NAME: usize = 128;
 
 impl Request {
     /// Checks what a well-formed request asks for.
@@ -63,6 +86,15 @@ impl Request {
                 gpu_mem_mib: Some(mib),
                 ..
             }) if *mib > MAX_MIB => Err(RequestError::GpuMemoryOutOfRange { mib: *mib }),
+            Self::RegisterFeed(FeedSpec { name, .. }) => {
+                if name.is_empty()
+                    || name.chars().count() > MAX_FEED_NAME
+                    || name.chars().any(char::is_control)
+                {
+                    return Err(RequestError::BadFeedName { name: name.clone() });
+                }
+                Ok(())
+            }
             Self::Submit(JobSpec { env, .. }) => {
                 for (name, value) in env {
                     if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
@@ -95,6 +127,13 @@ pub enum RequestError {
     )]
     BadEnvironment {
         /// The variable's name.
+        name: String,
+    },
+    /// A feed name that is empty, longer than [`MAX_FEED_NAME`] characters, or holds control
+    /// characters.
+    #[error("feed name {name:?}: 1 to 128 characters, no control characters")]
+    BadFeedName {
+        /// The name.
         name: String,
     },
 }
@@ -187,6 +226,16 @@ pub enum Response {
         id: JobId,
         /// One entry per attempt.
         attempts: Vec<AttemptLogs>,
+    },
+    /// The feed is registered.
+    FeedRegistered {
+        /// Its name.
+        name: String,
+    },
+    /// The live feeds.
+    Feeds {
+        /// Every live feed, by name.
+        feeds: Vec<FeedSpec>,
     },
     /// The request failed.
     Error {

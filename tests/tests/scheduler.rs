@@ -338,9 +338,89 @@ fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
     assert_eq!(lines(Path::new(&runs)), vec![id.to_string()]);
 }
 
+/// Starts `ladle serve --name NAME` registered with `s`'s daemon; returns its handle.
+fn serve_feed(s: &mut Scheduler, name: &str) -> (usize, PathBuf) {
+    let data = s.fx.dataset(20, 40, 36);
+    let socket = s.fx.socket();
+    let dir = s.dir_arg();
+    let serve = s.fx.spawn(&[
+        "serve",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--threads",
+        "1",
+        "--name",
+        name,
+        "--dir",
+        &dir,
+    ]);
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let dir = s.dir_arg();
+        let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
+        if queue.stdout.contains(&format!("feed {name:?}")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the feed never registered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (serve, socket)
+}
+
+#[test]
+fn a_job_of_a_live_feed_gets_its_socket_and_a_feed_nobody_serves_is_refused() {
+    let mut s = Scheduler::start(1, &[]);
+    let dir = s.dir_arg();
+    let refused = s.fx.run(
+        &["submit", "--dir", &dir, "--feed", "nosuch", "--", "true"],
+        GUARD,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("no live feed"),
+        "{}",
+        refused.stderr
+    );
+    let (serve, socket) = serve_feed(&mut s, "cifar");
+    let out = s.file("socket-seen");
+    let id = s.submit(
+        &["--feed", "cifar"],
+        &format!("echo \"$LADLE_SOCKET\" > {out}"),
+    );
+    assert_eq!(
+        s.wait_for(id, &["succeeded", "failed"])["state"],
+        "succeeded"
+    );
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        Path::new(seen.trim()),
+        socket.canonicalize().unwrap(),
+        "the job got the feed's socket"
+    );
+    // Once its producer is gone, the feed is too.
+    s.fx.signal(serve, 15);
+    s.fx.wait(serve, GUARD);
+    let refused = s.fx.run(
+        &["submit", "--dir", &dir, "--feed", "cifar", "--", "true"],
+        GUARD,
+    );
+    assert!(
+        refused.stderr.contains("no live feed"),
+        "{}",
+        refused.stderr
+    );
+}
+
 #[test]
 fn consumers_of_one_feed_share_a_gpu_while_other_jobs_spread_out() {
     let mut s = Scheduler::start(2, &[]);
+    serve_feed(&mut s, "imagenet");
     let release = s.file("release");
     let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
     let a = s.submit(&["--feed", "imagenet", "--gpu-mem", "2GiB"], &hold);
