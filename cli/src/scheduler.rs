@@ -23,7 +23,7 @@ pub(crate) struct DirArg {
     /// pipes). Default: $LADLE_SCHEDULER_DIR, else $XDG_STATE_HOME/ladle/scheduler, else
     /// ~/.local/state/ladle/scheduler.
     #[arg(long)]
-    dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
 }
 
 impl DirArg {

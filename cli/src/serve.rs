@@ -106,6 +106,7 @@ impl FeedOptions {
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (dataset, config) = args.feed.open(args.socket.clone())?;
     let producer_threads = config.threads;
+    let transform = config.clone();
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
@@ -130,7 +131,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let spec = ladle_scheduler::protocol::FeedSpec {
             name: name.clone(),
             socket,
-            dataset: args.feed.dataset.display().to_string(),
+            dataset: crate::sweep::dataset_key(&args.feed.dataset),
+            transform: crate::sweep::transform_key(&transform),
             threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
             pid: std::process::id(),
         };

@@ -45,10 +45,13 @@ pub(crate) struct SweepArgs {
     feed: FeedOptions,
     #[command(flatten)]
     daemon: DaemonOptions,
-    /// Use the running scheduler daemon of this state directory instead of starting a private
-    /// one for the sweep.
+    /// Use the running scheduler daemon of this state directory (default: the one `ladle
+    /// scheduler` uses, if it is running; else the sweep starts a private one).
     #[arg(long, value_name = "DIR")]
     scheduler_dir: Option<PathBuf>,
+    /// Start a private scheduler for the sweep even if one is running.
+    #[arg(long, conflicts_with = "scheduler_dir")]
+    private_scheduler: bool,
     /// The sweep's directory: the feed's socket, the private scheduler's state and the runs'
     /// logs (default: `./ladle-sweep-UNIXTIME`).
     #[arg(long, value_name = "DIR")]
@@ -77,6 +80,23 @@ pub(crate) struct SweepArgs {
     /// `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}' --bs '{32,64}'`.
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+/// A dataset as feeds are matched: its canonical path.
+pub(crate) fn dataset_key(dataset: &Path) -> String {
+    dataset
+        .canonicalize()
+        .unwrap_or_else(|_| dataset.to_owned())
+        .display()
+        .to_string()
+}
+
+/// A feed's transform as feeds are matched: equal for equal augmentation, seed and ring.
+pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
+    format!(
+        "{:?} seed {} ring {} policy {:?}",
+        config.augment, config.seed, config.ring_bytes, config.policy
+    )
 }
 
 /// The alternatives of one argument: `{a,b}` groups expanded, left to right.
@@ -189,6 +209,9 @@ struct RunReport {
 #[derive(Debug, Serialize)]
 struct FeedReport {
     socket: PathBuf,
+    /// The sweep used a feed that was already serving (its counts are then not the sweep's:
+    /// 0 here).
+    reused: bool,
     samples_published: u64,
     /// Samples the runs released, summed over runs: what private pipelines would have decoded.
     samples_consumed: u64,
@@ -239,6 +262,18 @@ impl Drop for Scheduler {
 }
 
 fn start_scheduler(args: &SweepArgs, out: &Path) -> anyhow::Result<Scheduler> {
+    if args.scheduler_dir.is_none() && !args.private_scheduler {
+        let default = crate::scheduler::DirArg { dir: None }.resolve().ok();
+        if let Some(socket) = default.map(|dir| daemon::socket_path(&dir)) {
+            let answer = protocol::request(&socket, &Request::Queue, Duration::from_secs(2));
+            if answer.is_ok() {
+                return Ok(Scheduler {
+                    socket,
+                    private: None,
+                });
+            }
+        }
+    }
     if let Some(dir) = &args.scheduler_dir {
         let socket = daemon::socket_path(dir);
         protocol::request(&socket, &Request::Queue, CLIENT_TIMEOUT).with_context(|| {
@@ -329,31 +364,52 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     }
 
     let started = Instant::now();
-    let socket = out.join("feed.sock");
-    let (dataset, config) = args.feed.open(socket.clone())?;
-    let threads = config.threads;
-    let feed_stop = Arc::new(AtomicBool::new(false));
-    let producer = Producer::start_with_stop(Arc::from(dataset), config, feed_stop.clone())
-        .with_context(|| format!("cannot start the feed on {}", socket.display()))?;
     let mut scheduler = start_scheduler(&args, &out)?;
-    let feed_name = args
-        .feed_name
-        .clone()
-        .unwrap_or_else(|| format!("sweep-{}", std::process::id()));
-    let threads = u32::try_from(threads).unwrap_or(u32::MAX);
-    scheduler
-        .request(&Request::RegisterFeed(protocol::FeedSpec {
-            name: feed_name.clone(),
-            socket: socket.clone(),
-            dataset: args.feed.dataset.display().to_string(),
-            threads,
-            pid: std::process::id(),
-        }))
-        .with_context(|| format!("registering the feed {feed_name:?} with the scheduler"))?;
+    let (dataset, config) = args.feed.open(out.join("feed.sock"))?;
+    let (dataset_key, transform) = (dataset_key(&args.feed.dataset), transform_key(&config));
+    // A live feed of the same dataset and transform serves this sweep as well as its own.
+    let reuse = match scheduler.request(&Request::Feeds)? {
+        Response::Feeds { feeds } => feeds
+            .into_iter()
+            .find(|f| f.dataset == dataset_key && f.transform == transform),
+        _ => None,
+    };
+    let feed_stop = Arc::new(AtomicBool::new(false));
+    let (producer, socket, feed_name) = if let Some(feed) = reuse {
+        say(
+            args.json,
+            &format!(
+                "reusing the live feed {:?} on {}",
+                feed.name,
+                feed.socket.display()
+            ),
+        );
+        (None, feed.socket, feed.name)
+    } else {
+        let socket = config.socket.clone();
+        let threads = u32::try_from(config.threads).unwrap_or(u32::MAX);
+        let producer = Producer::start_with_stop(Arc::from(dataset), config, feed_stop.clone())
+            .with_context(|| format!("cannot start the feed on {}", socket.display()))?;
+        let feed_name = args
+            .feed_name
+            .clone()
+            .unwrap_or_else(|| format!("sweep-{}", std::process::id()));
+        scheduler
+            .request(&Request::RegisterFeed(protocol::FeedSpec {
+                name: feed_name.clone(),
+                socket: socket.clone(),
+                dataset: dataset_key,
+                transform,
+                threads,
+                pid: std::process::id(),
+            }))
+            .with_context(|| format!("registering the feed {feed_name:?} with the scheduler"))?;
+        (Some(producer), socket, feed_name)
+    };
     say(
         args.json,
         &format!(
-            "sweep of {} runs: feed {} on {}, scheduler {}",
+            "sweep of {} runs: feed {feed_name:?} of {} on {}, scheduler {}",
             commands.len(),
             args.feed.dataset.display(),
             socket.display(),
@@ -433,11 +489,14 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             let live = runs.iter().filter(|r| r.state == "running").count();
             say(
                 args.json,
-                &format!(
-                    "feed: {} samples published, {} bad; {live} runs running",
-                    producer.published(),
-                    producer.bad_samples()
-                ),
+                &match &producer {
+                    Some(p) => format!(
+                        "feed: {} samples published, {} bad; {live} runs running",
+                        p.published(),
+                        p.bad_samples()
+                    ),
+                    None => format!("{live} runs running"),
+                },
             );
         }
         std::thread::sleep(POLL);
@@ -450,8 +509,15 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     scheduler.stop();
     feed_stop.store(true, Ordering::SeqCst);
-    producer.stop();
-    let served = producer.wait().context("the feed failed")?;
+    let served = match producer {
+        Some(producer) => {
+            producer.stop();
+            Some(producer.wait().context("the feed failed")?)
+        }
+        None => None,
+    };
+    let (published, consumed, bad) =
+        served.map_or((0, 0, 0), |s| (s.published, s.consumed, s.bad_samples));
     let wall = started.elapsed().as_secs_f64();
     let own_cpu = crate::usage::cpu_time(libc::RUSAGE_SELF).as_secs_f64();
     let runs_cpu = crate::usage::cpu_time(libc::RUSAGE_CHILDREN).as_secs_f64();
@@ -459,8 +525,8 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         .iter()
         .map(|r| r.seconds.unwrap_or(0.0) * r.gpu.len().max(1) as f64 / 3600.0)
         .sum();
-    let per_sample = own_cpu / served.published.max(1) as f64;
-    let private_cpu = runs_cpu + per_sample * served.consumed as f64;
+    let per_sample = own_cpu / published.max(1) as f64;
+    let private_cpu = runs_cpu + per_sample * consumed as f64;
     let price = |cpu_s: f64| match (args.price_cpu_hour, args.price_gpu_hour) {
         (None, None) => None,
         (cpu, gpu) => Some(cpu.unwrap_or(0.0) * cpu_s / 3600.0 + gpu.unwrap_or(0.0) * gpu_hours),
@@ -469,9 +535,10 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         runs: reports,
         feed: FeedReport {
             socket: socket.clone(),
-            samples_published: served.published,
-            samples_consumed: served.consumed,
-            bad_samples: served.bad_samples,
+            reused: served.is_none(),
+            samples_published: published,
+            samples_consumed: consumed,
+            bad_samples: bad,
             cpu_seconds: own_cpu,
         },
         wall_seconds: wall,

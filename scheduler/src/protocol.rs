@@ -63,8 +63,12 @@ pub struct FeedSpec {
     pub name: String,
     /// Its control socket.
     pub socket: std::path::PathBuf,
-    /// What it serves, for `ladle queue`.
+    /// What it serves (the dataset's path), for `ladle queue` and for a sweep looking for a
+    /// feed to reuse.
     pub dataset: String,
+    /// How it transforms the samples (a description that is equal for equal transforms).
+    #[serde(default)]
+    pub transform: String,
     /// Its decode threads.
     pub threads: u32,
     /// The process serving it: the feed lives as long as that process.

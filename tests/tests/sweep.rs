@@ -53,6 +53,7 @@ fn a_sweep_runs_its_grid_through_the_scheduler_as_consumers_of_one_feed() {
             "2",
             "--settle-s",
             "0",
+            "--private-scheduler",
             "--out",
             out.to_str().unwrap(),
             "--json",
@@ -125,6 +126,7 @@ fn sigterm_mid_sweep_cancels_every_run_and_leaves_nothing_behind() {
         "sim",
         "--settle-s",
         "0",
+        "--private-scheduler",
         "--out",
         out.to_str().unwrap(),
         "--",
@@ -156,4 +158,75 @@ fn sigterm_mid_sweep_cancels_every_run_and_leaves_nothing_behind() {
         !out.join("scheduler").join("scheduler.sock").exists(),
         "the private scheduler's socket is left behind"
     );
+}
+
+#[test]
+fn a_sweep_reuses_a_live_feed_of_the_same_dataset_and_transform() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(100, 80, 60);
+    let dir = fx.path().join("sched");
+    let dir = dir.to_str().unwrap();
+    let daemon = fx.spawn(&["scheduler", "--dir", dir, "--gpu", "sim", "--settle-s", "0"]);
+    let feed = [
+        "--dataset",
+        data.to_str().unwrap(),
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+    ];
+    let socket = fx.socket();
+    let socket = socket.to_str().unwrap();
+    let deadline = std::time::Instant::now() + GUARD;
+    let serve = loop {
+        // The daemon may not listen yet: registering fails until it does.
+        let serve = fx.spawn(
+            &[
+                &[
+                    "serve", "--socket", socket, "--name", "shared", "--dir", dir,
+                ][..],
+                &feed,
+            ]
+            .concat(),
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let queue = fx.run(&["queue", "--dir", dir], GUARD);
+        if queue.stdout.contains("feed \"shared\"") {
+            break serve;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the feed never registered"
+        );
+    };
+    let out = fx.path().join("sweep");
+    let ladle = ladle_bin().to_str().unwrap();
+    let done = fx.run(
+        &[
+            &[
+                "sweep",
+                "--scheduler-dir",
+                dir,
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ][..],
+            &feed,
+            &["--", ladle, "consume", "--batch-size", "{16,32}", "--json"],
+        ]
+        .concat(),
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let report: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    assert_eq!(report["feed"]["reused"], true, "{report}");
+    assert_eq!(
+        report["feed"]["socket"],
+        Path::new(socket).canonicalize().unwrap().to_str().unwrap()
+    );
+    for run in report["runs"].as_array().unwrap() {
+        assert_eq!(run["exit_code"], 0, "{run}");
+    }
+    fx.signal(serve, 15);
+    fx.signal(daemon, 15);
 }
