@@ -65,16 +65,23 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A sweep on a terminal draws a live table: its scheduler's and feed's info lines would
+    // break it (they stay available with LADLE_LOG=info).
+    let default_filter = if matches!(cli.command, Command::Sweep(_)) && terminal {
+        "warn"
+    } else {
+        "warn,ladle_producer=info,ladle_scheduler=info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,ladle_producer=info,ladle_scheduler=info")
-            }),
+            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(terminal)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Dataset(cmd) => dataset::run(cmd),
         Command::Demo(args) => demo::run(args),

@@ -179,6 +179,68 @@ struct Run {
     pid: Option<u32>,
     state: &'static str,
     reason: Option<String>,
+    peak_mib: Option<u64>,
+}
+
+/// The live table on a terminal: one row per run and the feed, redrawn in place.
+#[derive(Debug, Default)]
+struct LiveView {
+    /// Lines drawn last time (to move the cursor back over them).
+    drawn: usize,
+}
+
+impl LiveView {
+    fn draw(&mut self, runs: &[Run], feed: &str) {
+        eprint!("{}", self.render(runs, feed, Instant::now()));
+    }
+
+    /// The escape sequences and rows that replace the last table with this one.
+    fn render(&mut self, runs: &[Run], feed: &str, now: Instant) -> String {
+        let mut lines = vec![format!(
+            "{:<8} {:<11} {:<6} {:>8} {:>9}  command",
+            "run", "state", "gpu", "elapsed", "gpu mem"
+        )];
+        for r in runs {
+            let elapsed = r
+                .started
+                .map(|s| {
+                    format!(
+                        "{:.0} s",
+                        r.ended.unwrap_or(now).duration_since(s).as_secs_f64()
+                    )
+                })
+                .unwrap_or_else(|| "-".to_owned());
+            let gpus = if r.gpus.is_empty() {
+                "-".to_owned()
+            } else {
+                r.gpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let memory = r
+                .peak_mib
+                .map_or("-".to_owned(), ladle_scheduler::units::format_mib);
+            let command: String = r.args.join(" ").chars().take(60).collect();
+            lines.push(format!(
+                "{:<8} {:<11} {:<6} {elapsed:>8} {memory:>9}  {command}",
+                r.name, r.state, gpus
+            ));
+        }
+        lines.push(feed.to_owned());
+        let mut out = String::new();
+        if self.drawn > 0 {
+            // Up over the last table, and clear to the end of the screen.
+            out.push_str(&format!("\x1b[{}A\x1b[J", self.drawn));
+        }
+        for line in &lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+        self.drawn = lines.len();
+        out
+    }
 }
 
 /// The end report (`--json`).
@@ -450,22 +512,43 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             pid: None,
             state: "queued",
             reason: None,
+            peak_mib: None,
         });
     }
 
     let mut next_feed_line = Instant::now() + Duration::from_secs(10);
+    // On a terminal (and without --json) a live table; plain lines otherwise.
+    let mut live = (!args.json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .then(LiveView::default);
+    let mut last_published = 0u64;
     let mut cancelled_at: Option<Instant> = None;
     loop {
         let jobs = match scheduler.request(&Request::Queue)? {
             Response::Queue { jobs, .. } => jobs,
             other => bail!("unexpected answer to a queue request: {other:?}"),
         };
-        let by_id: BTreeMap<JobId, &JobState> = jobs.iter().map(|j| (j.id, &j.state)).collect();
+        let by_id: BTreeMap<JobId, _> = jobs.iter().map(|j| (j.id, j)).collect();
         for run in &mut runs {
-            let Some(state) = by_id.get(&run.id) else {
+            let Some(job) = by_id.get(&run.id) else {
                 continue;
             };
-            follow(run, state, args.json);
+            run.peak_mib = job.peak_mib;
+            follow(run, &job.state, live.is_some());
+        }
+        if let Some(view) = &mut live {
+            let feed = match &producer {
+                Some(p) => {
+                    let published = p.published();
+                    let rate = published.saturating_sub(last_published) as f64 / POLL.as_secs_f64();
+                    last_published = published;
+                    format!(
+                        "feed {feed_name:?}: {published} samples decoded ({rate:.0}/s), {} bad",
+                        p.bad_samples()
+                    )
+                }
+                None => format!("feed {feed_name:?} (reused)"),
+            };
+            view.draw(&runs, &feed);
         }
         if runs.iter().all(|r| r.ended.is_some()) {
             break;
@@ -484,7 +567,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
                 break; // the scheduler does not see them end; give up waiting
             }
         }
-        if Instant::now() >= next_feed_line {
+        if live.is_none() && Instant::now() >= next_feed_line {
             next_feed_line += Duration::from_secs(10);
             let live = runs.iter().filter(|r| r.state == "running").count();
             say(
@@ -565,8 +648,9 @@ fn say(_json: bool, line: &str) {
     eprintln!("ladle sweep: {line}");
 }
 
-/// Updates `run` from the scheduler's view of its job and says what changed.
-fn follow(run: &mut Run, state: &JobState, json: bool) {
+/// Updates `run` from the scheduler's view of its job and says what changed (unless a live
+/// table shows it).
+fn follow(run: &mut Run, state: &JobState, quiet: bool) {
     let now = Instant::now();
     let (name, terminal) = match state {
         JobState::Queued => ("queued", false),
@@ -604,7 +688,9 @@ fn follow(run: &mut Run, state: &JobState, json: bool) {
             (Some(s), Some(e)) => format!(" after {:.1} s", e.duration_since(s).as_secs_f64()),
             _ => String::new(),
         };
-        say(json, &format!("{} {name}{detail}{took}", run.name));
+        if !quiet {
+            say(false, &format!("{} {name}{detail}{took}", run.name));
+        }
     }
 }
 
@@ -760,5 +846,34 @@ mod tests {
         assert!(expand_runs(&strings(&["x"]), Some("# nothing\n")).is_err());
         let huge = "{1,2,3,4,5,6,7,8,9,10}";
         assert!(expand_runs(&strings(&[huge, huge, huge, huge]), None).is_err());
+    }
+
+    #[test]
+    fn the_live_table_redraws_over_itself_one_row_per_run() {
+        let now = Instant::now();
+        let run = |name: &str, state| Run {
+            name: name.into(),
+            args: vec!["train".into(), "--lr".into(), "0.1".into()],
+            id: 1,
+            started: Some(now - Duration::from_secs(5)),
+            ended: None,
+            gpus: vec![1],
+            pid: None,
+            state,
+            reason: None,
+            peak_mib: Some(2048),
+        };
+        let runs = [run("run-00", "running"), run("run-01", "queued")];
+        let mut view = LiveView::default();
+        let first = view.render(&runs, "feed", now);
+        assert!(
+            !first.starts_with('\x1b'),
+            "nothing to move over the first time"
+        );
+        assert_eq!(first.lines().count(), 4, "{first}");
+        assert!(first.contains("run-00   running     1"), "{first}");
+        assert!(first.contains("5 s") && first.contains("2GiB"), "{first}");
+        let second = view.render(&runs, "feed", now);
+        assert!(second.starts_with("\x1b[4A\x1b[J"), "{second:?}");
     }
 }
