@@ -110,6 +110,10 @@ pub(crate) struct DaemonOptions {
     /// 0 for the exclusive baseline).
     #[arg(long)]
     settle_s: Option<f64>,
+    /// CPU cores shared by registered feeds' decode threads and jobs submitted with --cpus
+    /// (default: this machine's).
+    #[arg(long)]
+    cpu_cores: Option<u32>,
 }
 
 impl DaemonOptions {
@@ -146,6 +150,9 @@ impl DaemonOptions {
         config.default_estimate_mib =
             parse_mib(&self.default_gpu_mem).context("--default-gpu-mem")?;
         config.max_oom_retries = self.max_oom_retries;
+        if let Some(cores) = self.cpu_cores {
+            config.cpu_cores = cores;
+        }
         Ok(config)
     }
 }
@@ -182,6 +189,10 @@ pub(crate) struct SubmitArgs {
     /// placed together. A name no live feed has is refused.
     #[arg(long)]
     feed: Option<String>,
+    /// CPU cores the job keeps busy itself (e.g. its DataLoader workers): it waits while
+    /// feeds' decode threads and other such jobs leave fewer free. A job of a feed needs none.
+    #[arg(long)]
+    cpus: Option<u32>,
     /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the job, 1–100 (default: unset, all SMs).
     #[arg(long)]
     thread_percentage: Option<u32>,
@@ -210,6 +221,7 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         feed: args.feed,
         thread_percentage: args.thread_percentage,
         env: Vec::new(),
+        cpus: args.cpus,
     };
     let response = args.dir.request(&Request::Submit(spec))?;
     let Response::Submitted { id, estimate_mib } = response else {

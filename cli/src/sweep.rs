@@ -493,6 +493,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
                 ("LADLE_SOCKET".into(), socket.display().to_string()),
                 ("LADLE_RUN".into(), name.clone()),
             ],
+            cpus: None,
         };
         let id = match scheduler.request(&Request::Submit(spec))? {
             Response::Submitted { id, .. } => id,

@@ -112,6 +112,9 @@ pub struct DaemonConfig {
     pub max_oom_retries: u32,
     /// Telemetry and admission period.
     pub tick: Duration,
+    /// CPU cores the admission shares between registered feeds' decode threads and jobs that
+    /// state `cpus` (default: this machine's).
+    pub cpu_cores: u32,
 }
 
 impl DaemonConfig {
@@ -129,6 +132,8 @@ impl DaemonConfig {
             default_estimate_mib: 4 * 1024,
             max_oom_retries: 3,
             tick: Duration::from_secs(1),
+            cpu_cores: std::thread::available_parallelism()
+                .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)),
         }
     }
 }
@@ -230,6 +235,8 @@ struct State {
     max_oom_retries: u32,
     mps_env: Vec<(String, String)>,
     clock: Instant,
+    /// CPU cores shared by feeds and jobs that state `cpus`.
+    cpu_cores: u32,
     /// Registered producer feeds by name; not journaled (a feed re-registers when it
     /// starts, and lives as long as its process).
     feeds: BTreeMap<String, Feed>,
@@ -337,6 +344,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         dir: dir.clone(),
         default_estimate_mib: config.default_estimate_mib,
         max_oom_retries: config.max_oom_retries,
+        cpu_cores: config.cpu_cores,
         feeds: BTreeMap::new(),
         mps_env: mps.as_ref().map(Mps::env).unwrap_or_default(),
         clock: Instant::now(),
@@ -1155,10 +1163,31 @@ impl State {
                 }
             }
         }
+        // Data-aware: feeds' decode threads and jobs that decode for themselves share the
+        // cores; a consumer of a feed costs none.
+        let feed_threads: u32 = self
+            .live_feeds()
+            .map(|f| f.spec.threads)
+            .fold(0, u32::saturating_add);
+        let busy = self
+            .jobs
+            .values()
+            .filter(|j| j.run.is_some())
+            .filter_map(|j| j.spec.cpus)
+            .fold(feed_threads, u32::saturating_add);
+        let mut free_cpus = self.cpu_cores.saturating_sub(busy);
         let pending: Vec<Pending> = self
             .queue
             .iter()
             .filter_map(|id| self.jobs.get(id))
+            .filter(|j| match j.spec.cpus {
+                None => true,
+                Some(n) if n <= free_cpus => {
+                    free_cpus -= n;
+                    true
+                }
+                Some(_) => false, // held until cores free up
+            })
             .map(|j| Pending {
                 id: j.id,
                 estimate_mib: j.estimate_mib,
@@ -1385,6 +1414,7 @@ mod tests {
             feed: None,
             thread_percentage: None,
             env: Vec::new(),
+            cpus: None,
         }
     }
 

@@ -28,6 +28,11 @@ pub struct JobSpec {
     /// without NUL ([`crate::protocol::Request::validate`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<(String, String)>,
+    /// CPU cores the job keeps busy itself (a run with its own DataLoader workers, say): it
+    /// is held while registered feeds' decode threads and running jobs' cores leave fewer
+    /// free. A consumer of a feed states none: its decoding is the feed's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
 }
 
 impl JobSpec {

@@ -236,6 +236,7 @@ mod tests {
             feed: None,
             thread_percentage: None,
             env: Vec::new(),
+            cpus: None,
         }
     }
 

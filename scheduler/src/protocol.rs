@@ -451,6 +451,7 @@ mod tests {
                 feed: None,
                 thread_percentage: None,
                 env: vec![(name.into(), value.into())],
+                cpus: None,
             })
         };
         assert_eq!(spec("LADLE_SOCKET", "/tmp/s.sock").validate(), Ok(()));

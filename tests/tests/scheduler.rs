@@ -512,3 +512,31 @@ fn ladle_sim_compares_policies_on_a_generated_trace() {
         "a header and one row per policy and job"
     );
 }
+
+#[test]
+fn feeds_and_jobs_that_decode_for_themselves_share_the_cores_and_feed_consumers_cost_none() {
+    // 2 cores: the feed's one decode thread, and one job with its own workers fit; a second
+    // such job waits, a consumer of the feed does not.
+    let mut s = Scheduler::start(2, &["--cpu-cores", "2"]);
+    serve_feed(&mut s, "imagenet");
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let a = s.submit(&["--cpus", "1", "--gpu-mem", "1GiB"], &hold);
+    s.wait_for(a, &["running"]);
+    let b = s.submit(&["--cpus", "1", "--gpu-mem", "1GiB"], &hold);
+    let c = s.submit(&["--feed", "imagenet", "--gpu-mem", "1GiB"], &hold);
+    s.wait_for(c, &["running"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        s.job(b)["state"],
+        "queued",
+        "no core is free for a second DataLoader job"
+    );
+    std::fs::write(&release, "").unwrap();
+    for id in [a, b, c] {
+        assert_eq!(
+            s.wait_for(id, &["succeeded", "failed"])["state"],
+            "succeeded"
+        );
+    }
+}
