@@ -61,7 +61,7 @@ enum Command {
     Logs(scheduler::LogsArgs),
     /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
     /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`.
-    Sweep(sweep::SweepArgs),
+    Sweep(Box<sweep::SweepArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -94,7 +94,7 @@ fn main() -> std::process::ExitCode {
         Command::Queue(args) => scheduler::queue(args),
         Command::Cancel(args) => scheduler::cancel(args),
         Command::Logs(args) => scheduler::logs(args),
-        Command::Sweep(args) => match sweep::run(args) {
+        Command::Sweep(args) => match sweep::run(*args) {
             Ok(code) => return code,
             Err(e) => Err(e),
         },

@@ -61,6 +61,9 @@ pub(crate) struct FeedOptions {
     /// Connections served at once; more are refused with a clear reason.
     #[arg(long, value_name = "N", default_value_t = ladle_producer::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Stop once the last consumer has been gone this many seconds (after one joined).
+    #[arg(long, value_name = "S")]
+    keep_alive: Option<f64>,
 }
 
 impl FeedOptions {
@@ -98,6 +101,13 @@ impl FeedOptions {
             },
             stall_timeout,
             max_connections: self.max_connections,
+            keep_alive: self
+                .keep_alive
+                .map(|s| {
+                    std::time::Duration::try_from_secs_f64(s)
+                        .with_context(|| format!("--keep-alive {s} is not a number of seconds"))
+                })
+                .transpose()?,
         };
         Ok((dataset, config))
     }

@@ -94,6 +94,9 @@ pub struct ProducerConfig {
     /// Connections served at once (admitted consumers and handshakes in progress); more are
     /// refused with a clear reason.
     pub max_connections: usize,
+    /// Stop once the last consumer has been gone this long (after at least one joined);
+    /// `None`: serve until stopped.
+    pub keep_alive: Option<Duration>,
 }
 
 impl Default for ProducerConfig {
@@ -107,6 +110,7 @@ impl Default for ProducerConfig {
             policy: BadSamplePolicy::Skip,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            keep_alive: None,
         }
     }
 }
@@ -187,6 +191,7 @@ pub(crate) struct Shared {
     /// [`Producer::consumed`]).
     pub(crate) consumed: AtomicU64,
     pub(crate) stall_timeout: Duration,
+    pub(crate) keep_alive: Option<Duration>,
     pub(crate) max_connections: usize,
     /// Connection threads alive.
     pub(crate) connections: AtomicUsize,
@@ -435,6 +440,7 @@ impl Producer {
             bad: AtomicU64::new(0),
             consumed: AtomicU64::new(0),
             stall_timeout: config.stall_timeout,
+            keep_alive: config.keep_alive,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
         });
@@ -574,6 +580,8 @@ const POLL: Duration = Duration::from_millis(50);
 struct FeedSource<'a> {
     shared: &'a Shared,
     feed: Feed,
+    /// Since when no consumer is connected (after one was), for the keep-alive.
+    alone_since: Option<Instant>,
 }
 
 impl<'a> WorkSource for FeedSource<'a> {
@@ -605,6 +613,22 @@ impl<'a> WorkSource for FeedSource<'a> {
                     }
                 }
                 Gate::Idle => {
+                    if let Some(keep_alive) = shared.keep_alive
+                        && state.members.is_empty()
+                        && state.next_id > 0
+                    {
+                        let since = *self.alone_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= keep_alive {
+                            tracing::info!(
+                                "no consumer for {:.1} s (keep-alive): stopping",
+                                keep_alive.as_secs_f64()
+                            );
+                            shared.stop.store(true, Ordering::SeqCst);
+                            return Poll::Ready(None);
+                        }
+                    } else {
+                        self.alone_since = None;
+                    }
                     if !wait {
                         return Poll::Pending;
                     }
@@ -647,6 +671,7 @@ fn run_feeder(
     let source = FeedSource {
         shared,
         feed: Feed::new(shared.info.len, seed),
+        alone_since: None,
     };
     pipeline.run_from(shared.dataset.as_ref(), source, &RingSink { shared })?;
     Ok(())

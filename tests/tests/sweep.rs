@@ -230,3 +230,19 @@ fn a_sweep_reuses_a_live_feed_of_the_same_dataset_and_transform() {
     fx.signal(serve, 15);
     fx.signal(daemon, 15);
 }
+
+#[test]
+fn a_feed_with_a_keep_alive_stops_once_its_last_consumer_is_gone() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(50, 80, 60);
+    let serve = fx.serve(
+        &data,
+        &["--image-size", "32", "--ring-mib", "2", "--keep-alive", "1"],
+    );
+    let consumer = fx.consume(16, 1, &[]);
+    assert!(fx.wait(consumer, GUARD).status.success());
+    let stopped = fx.wait(serve, Duration::from_secs(30));
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    assert!(stopped.stderr.contains("keep-alive"), "{}", stopped.stderr);
+    assert!(!fx.socket().exists(), "the socket is removed");
+}
