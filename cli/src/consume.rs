@@ -9,6 +9,8 @@ use anyhow::Context;
 use clap::Args;
 use ladle_consumer::prelude::*;
 
+use crate::records::{ConsumeSummary, EpochRecord, Record};
+
 #[derive(Debug, Args)]
 pub(crate) struct ConsumeArgs {
     /// The producer's control socket (default: $LADLE_SOCKET, which `ladle sweep` sets for
@@ -217,19 +219,19 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let exact = complete && coverage.exact(expected);
         let rate = per_second(samples, elapsed);
         if args.json {
-            let line = serde_json::json!({
-                "epoch": number,
-                "batches": batches,
-                "samples": samples,
-                "bad_samples": bad,
-                "exact_coverage": exact,
-                "complete": complete,
-                "seconds": elapsed.as_secs_f64(),
-                "samples_per_s": rate,
-                "start_seq": consumer.start_seq(),
-                "consumer_id": consumer.consumer_id(),
-            });
-            println!("{line}");
+            EpochRecord {
+                bad_samples: bad,
+                batches,
+                complete,
+                consumer_id: consumer.consumer_id(),
+                epoch: number,
+                exact_coverage: exact,
+                samples,
+                samples_per_s: rate,
+                seconds: elapsed.as_secs_f64(),
+                start_seq: consumer.start_seq(),
+            }
+            .print()?;
         } else {
             println!(
                 "epoch {number}: {samples} samples in {batches} batches, {:.3} s, {rate:.0} samples/s, coverage {}{}",
@@ -245,17 +247,17 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     }
     let rate = per_second(total_samples, started.elapsed());
     if args.json {
-        let line = serde_json::json!({
-            "samples_per_s": rate,
-            "samples": total_samples,
-            "epochs": finished_epochs,
-            "seconds": started.elapsed().as_secs_f64(),
-            "bad_samples": total_bad,
-            "rejoins": consumer.rejoins(),
-            "overwritten_batches": overwritten,
-            "corrupted_batches": corrupted,
-        });
-        println!("{line}");
+        ConsumeSummary {
+            bad_samples: total_bad,
+            corrupted_batches: corrupted,
+            epochs: finished_epochs,
+            overwritten_batches: overwritten,
+            rejoins: consumer.rejoins(),
+            samples: total_samples,
+            samples_per_s: rate,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+        .print()?;
     } else {
         println!(
             "read {finished_epochs} epochs, {total_samples} samples, {rate:.0} samples/s overall"

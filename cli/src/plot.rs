@@ -6,7 +6,7 @@ use anyhow::{Context, anyhow};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::bench::{FanoutReport, Mode};
+use crate::fanout::{FanoutReport, Mode, ModeResult};
 
 /// Draws aggregate samples/s and samples per CPU-second, shared against independent.
 pub(crate) fn fanout(report: &FanoutReport, path: &Path) -> anyhow::Result<()> {
@@ -17,7 +17,11 @@ pub(crate) fn fanout(report: &FanoutReport, path: &Path) -> anyhow::Result<()> {
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let title = format!(
         "ladle: {} consumers, {} threads, {:.0} s per mode",
-        report.results.first().map_or(0, |(_, m)| m.consumers.len()),
+        report
+            .modes
+            .ran()
+            .next()
+            .map_or(0, |(_, m)| m.consumers.len()),
         report.threads,
         report.seconds
     );
@@ -25,15 +29,15 @@ pub(crate) fn fanout(report: &FanoutReport, path: &Path) -> anyhow::Result<()> {
         .titled(&title, ("sans-serif", 22))
         .map_err(|e| anyhow!("{e}"))?;
     let panels = root.split_evenly((1, 2));
-    type Metric = fn(&crate::bench::ModeResult) -> f64;
+    type Metric = fn(&ModeResult) -> f64;
     let metrics: [(&str, Metric); 2] = [
         ("aggregate samples/s", |m| m.aggregate_samples_per_s),
         ("samples per CPU-second", |m| m.samples_per_cpu_second),
     ];
     for (panel, (caption, metric)) in panels.iter().zip(metrics) {
         let bars: Vec<(String, f64, RGBColor)> = report
-            .results
-            .iter()
+            .modes
+            .ran()
             .map(|(mode, m)| match mode {
                 Mode::Shared => (
                     "shared (ladle)".to_owned(),

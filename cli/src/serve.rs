@@ -163,13 +163,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     eprintln!(
         "stopped after publishing {published} samples ({bad} bad); consumers were told the stream ended"
     );
-    // One machine-readable summary on stdout (used by `ladle bench` and `ladle demo`).
-    let summary = serde_json::json!({
-        "published": published,
-        "bad_samples": bad,
-        "seconds": seconds,
-        "samples_per_s": published as f64 / seconds.max(f64::EPSILON),
-    });
-    println!("{summary}");
-    Ok(())
+    // One machine-readable summary on stdout (read back by `ladle bench` and `ladle demo`).
+    let summary = crate::records::ServeSummary {
+        bad_samples: bad,
+        published,
+        samples_per_s: published as f64 / seconds.max(f64::EPSILON),
+        seconds,
+    };
+    crate::records::Record::print(&summary)
 }

@@ -4,16 +4,18 @@
 //! binary as real processes (a producer, several consumers) over real Unix sockets and real shared
 //! memory, on real files. This library is the fixture the tests in `tests/` share: every test gets
 //! its own temporary directory (so its own socket and dataset names, and tests run in parallel),
-//! every child process is killed when the fixture drops, and every wait has a deadline that turns a
-//! hang into a test failure (a watchdog, not a speed assertion).
+//! every child process leads its own process group (a `ladle_procs::Proc`) and is killed with
+//! that group when the fixture drops, and every wait has a deadline that turns a hang into a
+//! test failure (a watchdog, not a speed assertion).
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // a test fixture fails loudly
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use ladle_procs::{Output, Proc, Signal};
 
 /// The `ladle` binary of this build, built on first use with the same profile as the tests.
 pub fn ladle_bin() -> &'static Path {
@@ -56,6 +58,22 @@ pub struct Finished {
     pub stderr: String,
 }
 
+impl From<Output> for Finished {
+    fn from(
+        Output {
+            status,
+            stdout,
+            stderr,
+        }: Output,
+    ) -> Self {
+        Self {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
 impl Finished {
     /// Stdout parsed as one JSON object per line.
     pub fn json_lines(&self) -> Vec<serde_json::Value> {
@@ -66,26 +84,13 @@ impl Finished {
     }
 }
 
-/// A reader thread collecting one pipe of a child as it comes, so a chatty child never
-/// blocks on a full pipe.
-type Collector = std::thread::JoinHandle<String>;
-
-fn collect(pipe: Option<impl Read + Send + 'static>) -> Collector {
-    std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(mut pipe) = pipe {
-            pipe.read_to_string(&mut text).ok();
-        }
-        text
-    })
-}
-
-/// One test's world: a temporary directory and the processes started in it.
+/// One test's world: a temporary directory and the processes started in it, each in its own
+/// process group (a [`Proc`]: output collected as it comes, so a chatty child never blocks on
+/// a full pipe; the group killed when the fixture drops).
 #[derive(Debug)]
 pub struct Fixture {
     dir: tempfile::TempDir,
-    children: Vec<Child>,
-    output: Vec<Option<(Collector, Collector)>>,
+    children: Vec<Proc>,
 }
 
 impl Default for Fixture {
@@ -100,7 +105,6 @@ impl Fixture {
         Self {
             dir: tempfile::tempdir().unwrap(),
             children: Vec::new(),
-            output: Vec::new(),
         }
     }
 
@@ -153,17 +157,9 @@ impl Fixture {
     }
 
     fn start(&mut self, command: &mut Command) -> usize {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ladle");
-        self.output.push(Some((
-            collect(child.stdout.take()),
-            collect(child.stderr.take()),
-        )));
-        self.children.push(child);
+        let name = command.get_program().to_string_lossy().into_owned();
+        self.children
+            .push(Proc::spawn(name, command).expect("spawn ladle"));
         self.children.len() - 1
     }
 
@@ -187,8 +183,12 @@ impl Fixture {
         let socket = self.socket();
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if let Some(status) = self.children[i].try_wait().unwrap() {
-                panic!("ladle serve exited with {status}: {}", self.drain(i).1);
+            let child = &mut self.children[i];
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "ladle serve exited with {status}: {}",
+                    child.output().unwrap().stderr
+                );
             }
             assert!(Instant::now() < deadline, "ladle serve did not come up");
             std::thread::sleep(Duration::from_millis(20));
@@ -214,69 +214,43 @@ impl Fixture {
 
     /// The OS process id of child `i`.
     pub fn pid(&self, i: usize) -> u32 {
-        self.children[i].id()
+        self.children[i].pid()
     }
 
-    /// Sends `signal` (e.g. `libc`'s 9 for SIGKILL, 15 for SIGTERM) to child `i`.
+    /// Sends `signal` (e.g. `libc`'s 9 for SIGKILL, 15 for SIGTERM) to child `i` (not to its
+    /// group).
     pub fn signal(&self, i: usize, signal: i32) {
-        let status = Command::new("kill")
-            .args([format!("-{signal}"), self.pid(i).to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let signal = Signal::from_named_raw(signal)
+            .unwrap_or_else(|| panic!("{signal} is not a named signal"));
+        self.children[i].signal(signal).unwrap();
     }
 
-    /// Everything child `i` wrote, once it has exited.
-    fn drain(&mut self, i: usize) -> (String, String) {
-        match self.output[i].take() {
-            Some((out, err)) => (
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default(),
-            ),
-            None => (String::new(), String::new()),
-        }
-    }
-
-    /// Waits for child `i` to exit; kills it and fails the test if it takes longer than
-    /// `timeout` (a deadlock guard).
+    /// Waits for child `i` to exit; kills its group and fails the test if it takes longer
+    /// than `timeout` (a deadlock guard).
     pub fn wait(&mut self, i: usize, timeout: Duration) -> Finished {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.children[i].try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.children[i].kill();
-                let _ = self.children[i].wait();
-                let pid = self.pid(i);
-                panic!(
-                    "ladle (pid {pid}) did not finish within {timeout:?}: stderr {}",
-                    self.drain(i).1
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let (stdout, stderr) = self.drain(i);
-        Finished {
-            status,
-            stdout,
-            stderr,
+        let child = &mut self.children[i];
+        if let Err(e) = child.wait_timeout(timeout) {
+            child.kill();
+            let pid = child.pid();
+            panic!(
+                "ladle (pid {pid}) did not finish within {timeout:?} ({e}): stderr {}",
+                child.output().map(|o| o.stderr).unwrap_or_default()
+            );
         }
+        child.output().unwrap().into()
     }
-}
 
-impl Fixture {
-    /// Kills every process this fixture started (the socket file may be left behind;
-    /// `ladle serve` replaces a stale one).
+    /// Kills every process this fixture started, with its process group (the socket file
+    /// may be left behind; `ladle serve` replaces a stale one).
     pub fn kill_all(&mut self) {
         for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 }
 
 impl Drop for Fixture {
+    /// Kills the processes before the directory they work in goes.
     fn drop(&mut self) {
         self.kill_all();
     }
