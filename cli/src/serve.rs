@@ -113,10 +113,27 @@ impl FeedOptions {
     }
 }
 
+/// A dataset as feeds are matched: its canonical path.
+pub(crate) fn dataset_key(dataset: &std::path::Path) -> String {
+    dataset
+        .canonicalize()
+        .unwrap_or_else(|_| dataset.to_owned())
+        .display()
+        .to_string()
+}
+
+/// A feed's transform as feeds are matched: equal for equal augmentation, seed and ring.
+pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
+    format!(
+        "{:?} seed {} ring {} policy {:?}",
+        config.augment, config.seed, config.ring_bytes, config.policy
+    )
+}
+
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (dataset, config) = args.feed.open(args.socket.clone())?;
     let producer_threads = config.threads;
-    let transform = config.clone();
+    let transform = transform_key(&config);
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
@@ -141,8 +158,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let spec = ladle_scheduler::protocol::FeedSpec {
             name: name.clone(),
             socket,
-            dataset: crate::sweep::dataset_key(&args.feed.dataset),
-            transform: crate::sweep::transform_key(&transform),
+            dataset: dataset_key(&args.feed.dataset),
+            transform,
             threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
             pid: std::process::id(),
         };

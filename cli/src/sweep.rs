@@ -82,23 +82,6 @@ pub(crate) struct SweepArgs {
     command: Vec<String>,
 }
 
-/// A dataset as feeds are matched: its canonical path.
-pub(crate) fn dataset_key(dataset: &Path) -> String {
-    dataset
-        .canonicalize()
-        .unwrap_or_else(|_| dataset.to_owned())
-        .display()
-        .to_string()
-}
-
-/// A feed's transform as feeds are matched: equal for equal augmentation, seed and ring.
-pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
-    format!(
-        "{:?} seed {} ring {} policy {:?}",
-        config.augment, config.seed, config.ring_bytes, config.policy
-    )
-}
-
 /// The alternatives of one argument: `{a,b}` groups expanded, left to right.
 fn expand_arg(arg: &str) -> Vec<String> {
     let Some(open) = arg.find('{') else {
@@ -428,7 +411,10 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     let started = Instant::now();
     let mut scheduler = start_scheduler(&args, &out)?;
     let (dataset, config) = args.feed.open(out.join("feed.sock"))?;
-    let (dataset_key, transform) = (dataset_key(&args.feed.dataset), transform_key(&config));
+    let (dataset_key, transform) = (
+        crate::serve::dataset_key(&args.feed.dataset),
+        crate::serve::transform_key(&config),
+    );
     // A live feed of the same dataset and transform serves this sweep as well as its own.
     let reuse = match scheduler.request(&Request::Feeds)? {
         Response::Feeds { feeds } => feeds
@@ -698,12 +684,8 @@ fn follow(run: &mut Run, state: &JobState, quiet: bool) {
 /// Kills the process group of every run still running (the second Ctrl-C).
 fn kill_runs(runs: &[Run]) {
     for run in runs.iter().filter(|r| r.ended.is_none()) {
-        if let Some(pid) = run.pid.and_then(|p| i32::try_from(p).ok()) {
-            // SAFETY: kill(2) with a negative pid signals that process group; no memory is
-            // touched.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
+        if let Some(pid) = run.pid {
+            let _ = ladle_scheduler::sys::signal_group(pid, rustix::process::Signal::KILL);
         }
     }
 }
