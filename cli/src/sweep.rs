@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use ladle_producer::Producer;
+use ladle_producer::{ConsumerStats, Producer};
 use ladle_scheduler::daemon;
 use ladle_scheduler::job::{JobId, JobSpec, JobState};
 use ladle_scheduler::protocol::{self, Request, Response};
@@ -163,6 +163,11 @@ struct Run {
     state: &'static str,
     reason: Option<String>,
     peak_mib: Option<u64>,
+    /// Samples it has read (released to the feed) and its epochs, when the feed is ours.
+    released: Option<u64>,
+    epochs: Option<f64>,
+    /// Samples per second since the last look.
+    rate: Option<f64>,
 }
 
 /// The live table on a terminal: one row per run and the feed, redrawn in place.
@@ -180,19 +185,19 @@ impl LiveView {
     /// The escape sequences and rows that replace the last table with this one.
     fn render(&mut self, runs: &[Run], feed: &str, now: Instant) -> String {
         let mut lines = vec![format!(
-            "{:<8} {:<11} {:<6} {:>8} {:>9}  command",
-            "run", "state", "gpu", "elapsed", "gpu mem"
+            "{:<8} {:<11} {:<6} {:>6} {:>9} {:>8} {:>9}  command",
+            "run", "state", "gpu", "epoch", "samples/s", "elapsed", "gpu mem"
         )];
         for r in runs {
-            let elapsed = r
-                .started
-                .map(|s| {
+            let elapsed = r.started.map_or_else(
+                || "-".to_owned(),
+                |s| {
                     format!(
                         "{:.0} s",
                         r.ended.unwrap_or(now).duration_since(s).as_secs_f64()
                     )
-                })
-                .unwrap_or_else(|| "-".to_owned());
+                },
+            );
             let gpus = if r.gpus.is_empty() {
                 "-".to_owned()
             } else {
@@ -205,9 +210,11 @@ impl LiveView {
             let memory = r
                 .peak_mib
                 .map_or("-".to_owned(), ladle_scheduler::units::format_mib);
-            let command: String = r.args.join(" ").chars().take(60).collect();
+            let epoch = r.epochs.map_or("-".to_owned(), |e| format!("{e:.1}"));
+            let rate = r.rate.map_or("-".to_owned(), |v| format!("{v:.0}"));
+            let command: String = r.args.join(" ").chars().take(50).collect();
             lines.push(format!(
-                "{:<8} {:<11} {:<6} {elapsed:>8} {memory:>9}  {command}",
+                "{:<8} {:<11} {:<6} {epoch:>6} {rate:>9} {elapsed:>8} {memory:>9}  {command}",
                 r.name, r.state, gpus
             ));
         }
@@ -500,6 +507,9 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             state: "queued",
             reason: None,
             peak_mib: None,
+            released: None,
+            epochs: None,
+            rate: None,
         });
     }
 
@@ -508,6 +518,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut live = (!args.json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .then(LiveView::default);
     let mut last_published = 0u64;
+    let mut last_look = Instant::now();
     let mut cancelled_at: Option<Instant> = None;
     loop {
         let jobs = match scheduler.request(&Request::Queue)? {
@@ -523,13 +534,17 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             follow(run, &job.state, live.is_some());
         }
         if let Some(view) = &mut live {
+            let seconds = last_look.elapsed().as_secs_f64().max(1e-3);
+            last_look = Instant::now();
             let feed = match &producer {
                 Some(p) => {
                     let published = p.published();
-                    let rate = published.saturating_sub(last_published) as f64 / POLL.as_secs_f64();
+                    let rate = published.saturating_sub(last_published) as f64 / seconds;
                     last_published = published;
+                    let stats = p.consumer_stats();
+                    let held = follow_consumers(&mut runs, &stats, p.dataset_len(), seconds);
                     format!(
-                        "feed {feed_name:?}: {published} samples decoded ({rate:.0}/s), {} bad",
+                        "feed {feed_name:?}: {published} samples decoded ({rate:.0}/s), {} bad{held}",
                         p.bad_samples()
                     )
                 }
@@ -679,6 +694,30 @@ fn follow(run: &mut Run, state: &JobState, quiet: bool) {
             say(false, &format!("{} {name}{detail}{took}", run.name));
         }
     }
+}
+
+/// Updates each run's progress from the feed's view of its consumer (matched by the name the
+/// run got in `LADLE_RUN`); returns who holds the feed back, as a suffix for the feed's line.
+fn follow_consumers(runs: &mut [Run], stats: &[ConsumerStats], n: u64, seconds: f64) -> String {
+    for run in runs.iter_mut() {
+        let logged = format!("{:?}", run.name);
+        let Some(c) = stats.iter().find(|c| c.name == logged) else {
+            run.rate = None;
+            continue;
+        };
+        let before = run.released.unwrap_or(c.released);
+        run.rate = Some(c.released.saturating_sub(before) as f64 / seconds);
+        run.released = Some(c.released);
+        run.epochs = Some(c.released as f64 / n.max(1) as f64);
+    }
+    stats
+        .iter()
+        .filter_map(|c| c.holding_back.map(|d| (c, d)))
+        .filter(|(_, d)| *d >= Duration::from_secs(1))
+        .max_by_key(|(_, d)| *d)
+        .map_or_else(String::new, |(c, d)| {
+            format!("; held back by {} for {:.0} s", c.name, d.as_secs_f64())
+        })
 }
 
 /// Kills the process group of every run still running (the second Ctrl-C).
@@ -845,6 +884,9 @@ mod tests {
             state,
             reason: None,
             peak_mib: Some(2048),
+            released: Some(150),
+            epochs: Some(1.5),
+            rate: Some(320.0),
         };
         let runs = [run("run-00", "running"), run("run-01", "queued")];
         let mut view = LiveView::default();
@@ -858,5 +900,45 @@ mod tests {
         assert!(first.contains("5 s") && first.contains("2GiB"), "{first}");
         let second = view.render(&runs, "feed", now);
         assert!(second.starts_with("\x1b[4A\x1b[J"), "{second:?}");
+    }
+
+    #[test]
+    fn each_run_is_followed_through_the_consumer_named_after_it() {
+        let now = Instant::now();
+        let mut runs = vec![Run {
+            name: "run-00".into(),
+            args: vec!["train".into()],
+            id: 1,
+            started: Some(now),
+            ended: None,
+            gpus: vec![0],
+            pid: None,
+            state: "running",
+            reason: None,
+            peak_mib: None,
+            released: Some(100),
+            epochs: None,
+            rate: None,
+        }];
+        let stats = [
+            ConsumerStats {
+                id: 0,
+                name: "\"run-00\"".into(),
+                released: 300,
+                attached: true,
+                holding_back: None,
+            },
+            ConsumerStats {
+                id: 1,
+                name: "\"other\"".into(),
+                released: 5,
+                attached: true,
+                holding_back: Some(Duration::from_secs(4)),
+            },
+        ];
+        let held = follow_consumers(&mut runs, &stats, 200, 2.0);
+        assert_eq!(runs[0].rate, Some(100.0));
+        assert_eq!(runs[0].epochs, Some(1.5));
+        assert_eq!(held, "; held back by \"other\" for 4 s");
     }
 }

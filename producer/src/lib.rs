@@ -164,6 +164,23 @@ pub(crate) struct Member {
     /// Whether its cursor gates the producer (false once let go, until it rejoins).
     pub(crate) attached: bool,
     watch: Option<Watch>,
+    /// Samples it released in earlier attachments (before a let-go).
+    pub(crate) released_before: u64,
+}
+
+/// One consumer as [`Producer::consumer_stats`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Its id in the producer's logs.
+    pub id: u64,
+    /// Its name as logged: quoted and escaped (`"run-00"`).
+    pub name: String,
+    /// Samples it has released so far (read and dropped), over all its attachments.
+    pub released: u64,
+    /// Whether its cursor gates the producer (false while let go).
+    pub attached: bool,
+    /// How long it has been holding the feed back without taking a batch, if it is.
+    pub holding_back: Option<Duration>,
 }
 
 /// What the feeder and the control server share.
@@ -285,6 +302,7 @@ impl Shared {
         m.attached = false;
         m.watch = None;
         self.count_consumed(m);
+        m.released_before += m.page.cursor().saturating_sub(m.start);
         let (mid, start) = (m.id, m.start);
         tracing::warn!(
             consumer = mid,
@@ -498,6 +516,34 @@ impl Producer {
             .map(|m| m.page.cursor().saturating_sub(m.start))
             .sum();
         self.shared.consumed.load(Ordering::Relaxed) + live
+    }
+
+    /// Every connected consumer: its name, what it has released, whether it holds the feed
+    /// back and for how long (what a sweep's live view shows).
+    pub fn consumer_stats(&self) -> Vec<ConsumerStats> {
+        let now = Instant::now();
+        self.shared
+            .lock()
+            .members
+            .iter()
+            .map(|m| ConsumerStats {
+                id: m.id,
+                name: m.name.clone(),
+                released: m.released_before
+                    + if m.attached {
+                        m.page.cursor().saturating_sub(m.start)
+                    } else {
+                        0
+                    },
+                attached: m.attached,
+                holding_back: m.watch.map(|w| now.duration_since(w.since)),
+            })
+            .collect()
+    }
+
+    /// Samples per epoch (the dataset's length).
+    pub fn dataset_len(&self) -> u64 {
+        self.shared.info.len
     }
 
     /// Live consumers (attached or let go).

@@ -263,6 +263,7 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         socket,
         attached: true,
         watch: None,
+        released_before: 0,
     });
     drop(state);
     shared.changed.notify_all();
