@@ -274,7 +274,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             g.jobs
         );
     }
-    if let Response::Feeds { feeds } = args.dir.request(&Request::Feeds)? {
+    if let Response::Feeds { feeds, .. } = args.dir.request(&Request::Feeds)? {
         for f in &feeds {
             println!(
                 "feed {:?} on {} ({}, {} decode threads, pid {})",

@@ -424,11 +424,14 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     );
     // A live feed of the same dataset and transform serves this sweep as well as its own.
     let reuse = match scheduler.request(&Request::Feeds)? {
-        Response::Feeds { feeds } => feeds
+        Response::Feeds { feeds, .. } => feeds
             .into_iter()
             .find(|f| f.dataset == dataset_key && f.transform == transform),
         _ => None,
     };
+    if reuse.is_none() {
+        wait_for_cores(&scheduler, config.threads, &stop, args.json)?;
+    }
     let feed_stop = Arc::new(AtomicBool::new(false));
     let (producer, socket, feed_name) = if let Some(feed) = reuse {
         say(
@@ -693,6 +696,46 @@ fn follow(run: &mut Run, state: &JobState, quiet: bool) {
         if !quiet {
             say(false, &format!("{} {name}{detail}{took}", run.name));
         }
+    }
+}
+
+/// A new feed needs `threads` cores: waits while the scheduler's feeds and jobs that state
+/// `cpus` leave fewer free (a sweep of an existing feed never waits here). A feed wider than
+/// the machine starts once nothing else holds cores.
+fn wait_for_cores(
+    scheduler: &Scheduler,
+    threads: usize,
+    stop: &AtomicBool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let threads = u32::try_from(threads).unwrap_or(u32::MAX);
+    let mut said = false;
+    loop {
+        let Response::Feeds {
+            cpu_cores,
+            cpus_busy,
+            ..
+        } = scheduler.request(&Request::Feeds)?
+        else {
+            return Ok(());
+        };
+        if cpus_busy == 0 || cpus_busy.saturating_add(threads) <= cpu_cores {
+            return Ok(());
+        }
+        if !said {
+            say(
+                json,
+                &format!(
+                    "waiting for cores: the new feed needs {threads}, {cpus_busy} of {cpu_cores} \
+                     are taken by feeds and jobs"
+                ),
+            );
+            said = true;
+        }
+        if stop.load(Ordering::SeqCst) {
+            bail!("stopped while waiting for cores for the feed");
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 

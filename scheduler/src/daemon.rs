@@ -750,8 +750,23 @@ impl State {
             Request::RegisterFeed(feed) => self.register_feed(feed),
             Request::Feeds => Response::Feeds {
                 feeds: self.live_feeds().map(|f| f.spec.clone()).collect(),
+                cpu_cores: self.cpu_cores,
+                cpus_busy: self.cpus_busy(),
             },
         }
+    }
+
+    /// Cores taken by live feeds' decode threads and running jobs that state `cpus`.
+    fn cpus_busy(&mut self) -> u32 {
+        let feed_threads: u32 = self
+            .live_feeds()
+            .map(|f| f.spec.threads)
+            .fold(0, u32::saturating_add);
+        self.jobs
+            .values()
+            .filter(|j| j.run.is_some())
+            .filter_map(|j| j.spec.cpus)
+            .fold(feed_threads, u32::saturating_add)
     }
 
     /// The feeds whose serving process is still the one that registered.
@@ -1165,17 +1180,7 @@ impl State {
         }
         // Data-aware: feeds' decode threads and jobs that decode for themselves share the
         // cores; a consumer of a feed costs none.
-        let feed_threads: u32 = self
-            .live_feeds()
-            .map(|f| f.spec.threads)
-            .fold(0, u32::saturating_add);
-        let busy = self
-            .jobs
-            .values()
-            .filter(|j| j.run.is_some())
-            .filter_map(|j| j.spec.cpus)
-            .fold(feed_threads, u32::saturating_add);
-        let mut free_cpus = self.cpu_cores.saturating_sub(busy);
+        let mut free_cpus = self.cpu_cores.saturating_sub(self.cpus_busy());
         let pending: Vec<Pending> = self
             .queue
             .iter()

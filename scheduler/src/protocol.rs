@@ -236,10 +236,16 @@ pub enum Response {
         /// Its name.
         name: String,
     },
-    /// The live feeds.
+    /// The live feeds, and the cores admission shares between them and jobs.
     Feeds {
         /// Every live feed, by name.
         feeds: Vec<FeedSpec>,
+        /// The cores admission shares.
+        #[serde(default)]
+        cpu_cores: u32,
+        /// Of them, taken by live feeds' decode threads and running jobs that state `cpus`.
+        #[serde(default)]
+        cpus_busy: u32,
     },
     /// The request failed.
     Error {

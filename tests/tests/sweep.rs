@@ -246,3 +246,72 @@ fn a_feed_with_a_keep_alive_stops_once_its_last_consumer_is_gone() {
     assert!(stopped.stderr.contains("keep-alive"), "{}", stopped.stderr);
     assert!(!fx.socket().exists(), "the socket is removed");
 }
+
+#[test]
+fn a_sweep_that_needs_a_new_feed_waits_while_the_cores_are_taken() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(50, 80, 60);
+    let dir = fx.path().join("sched");
+    let dir = dir.to_str().unwrap();
+    let release = fx.path().join("release");
+    let daemon = fx.spawn(&[
+        "scheduler",
+        "--dir",
+        dir,
+        "--gpu",
+        "sim",
+        "--settle-s",
+        "0",
+        "--cpu-cores",
+        "2",
+    ]);
+    // A job that decodes for itself on both cores.
+    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", release.display());
+    let deadline = std::time::Instant::now() + GUARD;
+    loop {
+        let submitted = fx.run(
+            &[
+                "submit", "--dir", dir, "--cpus", "2", "--", "sh", "-c", &hold,
+            ],
+            GUARD,
+        );
+        if submitted.status.success() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", submitted.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = fx.path().join("sweep");
+    let ladle = ladle_bin().to_str().unwrap();
+    let sweep = fx.spawn(&[
+        "sweep",
+        "--scheduler-dir",
+        dir,
+        "--dataset",
+        data.to_str().unwrap(),
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+        "--",
+        ladle,
+        "consume",
+        "--batch-size",
+        "16",
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !out.join("feed.sock").exists(),
+        "the feed started although both cores were taken"
+    );
+    std::fs::write(&release, "").unwrap();
+    let done = fx.wait(sweep, GUARD);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(done.stderr.contains("waiting for cores"), "{}", done.stderr);
+    fx.signal(daemon, 15);
+}
