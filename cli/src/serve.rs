@@ -130,6 +130,9 @@ pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
     )
 }
 
+/// How often a named feed registers again with the scheduler.
+const REREGISTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (dataset, config) = args.feed.open(args.socket.clone())?;
     let producer_threads = config.threads;
@@ -138,7 +141,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
-    let producer = Producer::start_with_stop(Arc::from(dataset), config, stop)
+    let producer = Producer::start_with_stop(Arc::from(dataset), config, stop.clone())
         .with_context(|| format!("cannot start serving on {}", args.socket.display()))?;
     let layout = producer.layout();
     eprintln!(
@@ -163,15 +166,27 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
             pid: std::process::id(),
         };
-        let registered = args
-            .scheduler
-            .request(&ladle_scheduler::protocol::Request::RegisterFeed(spec));
-        if let Err(e) = registered {
+        let request = ladle_scheduler::protocol::Request::RegisterFeed(spec);
+        if let Err(e) = args.scheduler.request(&request) {
             producer.stop();
             let _ = producer.wait();
             return Err(e.context(format!("cannot register the feed {name:?}")));
         }
         eprintln!("registered as feed {name:?}: `ladle submit --feed {name}` jobs get its socket");
+        // Feeds are not journaled: registering again now and then makes a restarted
+        // scheduler know this feed within REREGISTER.
+        let (scheduler, stop) = (args.scheduler.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("ladle-feed-register".into())
+            .spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(REREGISTER);
+                    if let Err(e) = scheduler.request(&request) {
+                        tracing::debug!("registering the feed again failed: {e:#}");
+                    }
+                }
+            })
+            .context("starting the feed's registration thread")?;
     }
     let started = std::time::Instant::now();
     let served = producer.wait().context("the producer failed")?;

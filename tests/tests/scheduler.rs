@@ -540,3 +540,31 @@ fn feeds_and_jobs_that_decode_for_themselves_share_the_cores_and_feed_consumers_
         );
     }
 }
+
+#[test]
+fn a_restarted_scheduler_learns_a_running_feed_again() {
+    let mut s = Scheduler::start(1, &[]);
+    serve_feed(&mut s, "cifar");
+    s.fx.signal(s.daemon, 15);
+    s.fx.wait(s.daemon, GUARD);
+    s.daemon = spawn_daemon(&mut s.fx, 1, &[]);
+    // Feeds are not journaled: the serving process registers again every few seconds.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dir = s.dir_arg();
+    loop {
+        let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
+        if queue.stdout.contains("feed \"cifar\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted scheduler never saw the feed"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let id = s.submit(&["--feed", "cifar"], "true");
+    assert_eq!(
+        s.wait_for(id, &["succeeded", "failed"])["state"],
+        "succeeded"
+    );
+}
