@@ -64,7 +64,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fanout(args) => {
             let report = fanout::run(&args.config, &*fanout::stop_flag()?)?;
             if args.json {
-                println!("{}", serde_json::to_string(&report)?);
+                crate::records::print_line(&serde_json::to_string(&report)?)?;
             } else {
                 fanout::print_report(&report);
             }

@@ -130,7 +130,7 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<()> {
     };
     let summary = generate(&config, &args.out)?;
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        crate::records::print_line(&serde_json::to_string(&summary)?)?;
     } else {
         println!(
             "wrote {} {} samples to {} ({} files, {:.1} MB)",
@@ -171,7 +171,7 @@ fn inspect_cmd(args: InspectArgs) -> anyhow::Result<()> {
     let report = ladle_datasets::inspect::inspect(dataset.as_ref(), threads, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::records::print_line(&serde_json::to_string(&report)?)?;
     } else {
         print_report(&report);
     }

@@ -15,15 +15,32 @@ use anyhow::Context;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// Writes `line` and a newline to stdout, flushed. A reader that went away (`EPIPE`, e.g.
+/// `| head`) is a clean end, never a panic (`println!` panics there); any other failure is
+/// an error.
+pub(crate) fn print_line(line: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    quiet_on_broken_pipe(writeln!(out, "{line}").and_then(|()| out.flush()))
+}
+
+/// The outcome of printing to stdout: a reader that went away (`EPIPE`, e.g. `| head`) is a
+/// clean end, not an error and never a panic; any other failure is an error.
+pub(crate) fn quiet_on_broken_pipe(printed: std::io::Result<()>) -> anyhow::Result<()> {
+    match printed {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to stdout"),
+    }
+}
+
 /// A record printed as one line of JSON on stdout.
 pub(crate) trait Record: Serialize + DeserializeOwned {
     /// The command that prints it, for error messages.
     const PRINTED_BY: &'static str;
 
-    /// Prints the record as one line on stdout.
+    /// Prints the record as one line on stdout (a reader that went away ends nothing).
     fn print(&self) -> anyhow::Result<()> {
-        println!("{}", serde_json::to_string(self)?);
-        Ok(())
+        print_line(&serde_json::to_string(self)?)
     }
 
     /// Reads the record from one line.

@@ -250,7 +250,7 @@ pub(crate) struct QueueArgs {
 pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
     let response = args.dir.request(&Request::Queue)?;
     if args.json {
-        println!("{}", serde_json::to_string(&response)?);
+        crate::records::print_line(&serde_json::to_string(&response)?)?;
         return Ok(());
     }
     let Response::Queue { policy, jobs, gpus } = response else {

@@ -16,6 +16,8 @@ use ladle_scheduler::sim::generate::{GenerateConfig, generate};
 use ladle_scheduler::sim::{SimConfig, SimReport, simulate_jobs, trace};
 use ladle_scheduler::units::parse_mib;
 
+use crate::records::quiet_on_broken_pipe;
+
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct SimArgs {
@@ -202,15 +204,6 @@ fn print_report(
         )?;
     }
     Ok(())
-}
-
-/// The outcome of printing to stdout: a reader that went away (`EPIPE`, e.g. `| head`) is a
-/// clean end, not an error and never a panic; any other failure is an error.
-fn quiet_on_broken_pipe(printed: io::Result<()>) -> anyhow::Result<()> {
-    match printed {
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("writing the report to stdout"),
-    }
 }
 
 #[cfg(test)]

@@ -816,7 +816,7 @@ fn run_report(scheduler: &Scheduler, run: &Run) -> RunReport {
 
 fn print_report(report: &Report, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string(report)?);
+        crate::records::print_line(&serde_json::to_string(report)?)?;
         return Ok(());
     }
     println!(

@@ -55,3 +55,35 @@ fn sim_into_a_closed_pipe_exits_quietly_without_a_panic() {
         assert!(stderr.is_empty(), "ladle {args:?}: {stderr}");
     }
 }
+
+#[test]
+fn json_into_a_closed_pipe_exits_quietly_for_the_other_commands_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let generate = [
+        "dataset",
+        "generate",
+        "--format",
+        "imagefolder",
+        "--count",
+        "4",
+        "--width",
+        "16",
+        "--height",
+        "16",
+        "--out",
+        data,
+        "--json",
+    ];
+    let inspect = ["dataset", "inspect", data, "--json"];
+    for args in [&generate[..], &inspect[..]] {
+        let out = ladle(args, Stdio::from(widowed_pipe()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked"),
+            "ladle {args:?} into a closed pipe: {}, stderr: {stderr}",
+            out.status
+        );
+    }
+}
