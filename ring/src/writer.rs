@@ -5,8 +5,9 @@
 //!
 //! - sequences are lent once each, in order (`next`, under the publisher's lock), so no two
 //!   loans share a slot while both live: a loan for `s` is granted only when `s < m + C` for
-//!   the smallest cursor `m`, and `m` never passes a loan that is not yet committed (cursors
-//!   stay at or below the head, which stops at the oldest uncommitted loan);
+//!   `m` the smaller of the slowest cursor and the head, and the head stops at the oldest
+//!   uncommitted loan (a reader attached at `next` may show a cursor above the head: the
+//!   head bound is what keeps `s − C` committed then);
 //! - the slot of `s` last held `s − C`, which every attached reader has released (`s − C < m`);
 //! - `s` is at or above the head until the loan commits, so no reader reads it meanwhile;
 //! - a reader attaches only at or above `next` ([`Readers::attach`]): no loan already granted
@@ -233,7 +234,9 @@ impl ProducerRing {
         let Some((reader, cursor)) = slowest else {
             return Gate::Idle;
         };
-        if !protocol_core::may_write(seq, cursor, capacity) {
+        // The head too: a reader attached at `next` shows a cursor above the head, and `seq`'s
+        // slot must not still be lent to `seq − C`.
+        if !protocol_core::may_write(seq, cursor.min(head), capacity) {
             return Gate::Full {
                 id: reader.id,
                 cursor,
@@ -445,5 +448,38 @@ mod tests {
         readers.attach(&ring, 1, page.clone(), None).unwrap();
         assert!(!consumer.is_let_go());
         consumer.deliver(3).unwrap();
+    }
+
+    #[test]
+    fn a_slow_loan_is_never_lapped_even_by_a_reader_attached_above_the_head() {
+        let (ring, mut readers) = ring();
+        let first = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, first, None).unwrap();
+        let Gate::Loan(slow) = ring.try_loan(&readers) else {
+            panic!("no loan")
+        };
+        for _ in 1..10 {
+            let Gate::Loan(loan) = ring.try_loan(&readers) else {
+                panic!("no loan")
+            };
+            loan.commit();
+        }
+        // The only reader leaves; a new one attaches at 10 while loan 0 is still out.
+        readers.detach(1);
+        let late = Arc::new(CursorPage::create(0).unwrap());
+        assert_eq!(readers.attach(&ring, 2, late, None).unwrap(), 10);
+        let mut lent = Vec::new();
+        loop {
+            match ring.try_loan(&readers) {
+                Gate::Loan(loan) => {
+                    assert!(loan.seq() < slow.seq() + 512, "slot of loan 0 lent again");
+                    lent.push(loan);
+                }
+                Gate::Full { .. } => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(lent.last().map(WriteLoan::seq), Some(511));
+        drop(slow);
     }
 }
