@@ -36,6 +36,9 @@ const POLL: Duration = Duration::from_millis(500);
 /// How long a client waits for the daemon's answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Queue requests that may fail in a row before the sweep gives up (and cancels its runs).
+const QUEUE_TRIES: u32 = 5;
+
 /// How long cancelled runs get to end before the sweep kills their process groups.
 const CANCEL_GRACE: Duration = Duration::from_secs(15);
 
@@ -491,9 +494,16 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             ],
             cpus: None,
         };
-        let id = match scheduler.request(&Request::Submit(spec))? {
-            Response::Submitted { id, .. } => id,
-            other => bail!("unexpected answer to a submit: {other:?}"),
+        let id = match scheduler.request(&Request::Submit(spec)) {
+            Ok(Response::Submitted { id, .. }) => id,
+            failed => {
+                // Nothing of a sweep that cannot be submitted whole is left to run.
+                cancel_all(&scheduler, &runs);
+                match failed {
+                    Err(e) => return Err(e.context(format!("submitting {name}"))),
+                    Ok(other) => bail!("unexpected answer to a submit: {other:?}"),
+                }
+            }
         };
         say(
             args.json,
@@ -522,11 +532,28 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         .then(LiveView::default);
     let mut last_published = 0u64;
     let mut last_look = Instant::now();
+    let mut queue_failures = 0u32;
     let mut cancelled_at: Option<Instant> = None;
     loop {
-        let jobs = match scheduler.request(&Request::Queue)? {
-            Response::Queue { jobs, .. } => jobs,
-            other => bail!("unexpected answer to a queue request: {other:?}"),
+        let jobs = match scheduler.request(&Request::Queue) {
+            Ok(Response::Queue { jobs, .. }) => {
+                queue_failures = 0;
+                jobs
+            }
+            failed => {
+                // A scheduler that stops answering: a few more tries, then give up and leave
+                // nothing running behind.
+                queue_failures += 1;
+                if queue_failures < QUEUE_TRIES {
+                    std::thread::sleep(POLL);
+                    continue;
+                }
+                cancel_all(&scheduler, &runs);
+                match failed {
+                    Err(e) => return Err(e.context("the scheduler stopped answering")),
+                    Ok(other) => bail!("unexpected answer to a queue request: {other:?}"),
+                }
+            }
         };
         let by_id: BTreeMap<JobId, _> = jobs.iter().map(|j| (j.id, j)).collect();
         for run in &mut runs {
@@ -761,6 +788,15 @@ fn follow_consumers(runs: &mut [Run], stats: &[ConsumerStats], n: u64, seconds: 
         .map_or_else(String::new, |(c, d)| {
             format!("; held back by {} for {:.0} s", c.name, d.as_secs_f64())
         })
+}
+
+/// Cancels every run not ended (best effort: on a path that ends the sweep with an error) and
+/// kills the process groups of those it knows to be running.
+fn cancel_all(scheduler: &Scheduler, runs: &[Run]) {
+    for run in runs.iter().filter(|r| r.ended.is_none()) {
+        let _ = scheduler.request(&Request::Cancel { id: run.id });
+    }
+    kill_runs(runs);
 }
 
 /// Kills the process group of every run still running (the second Ctrl-C).

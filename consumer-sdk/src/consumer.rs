@@ -17,6 +17,10 @@ use ladle_ring::{ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, Ring
 use crate::config::{self, ConsumerConfig};
 use crate::error::{ConnectError, ConsumerError};
 
+/// The longest dataset a consumer accepts (2^40 samples; its per-epoch record is then 128 GiB
+/// of bits, so the real limit is memory).
+pub const MAX_DATASET_LEN: u64 = 1 << 40;
+
 /// How long one wait for the head sleeps before the control socket is checked again: a
 /// producer that dies is noticed within about this long.
 const POLL: Duration = Duration::from_millis(100);
@@ -86,6 +90,17 @@ struct State {
 }
 
 impl State {
+    /// Takes back [`State::mark_seen`] of `index` (a copy that may be torn).
+    fn unmark_seen(&mut self, index: u64) {
+        if let Some(word) = self.seen.get_mut((index / 64) as usize) {
+            let bit = 1u64 << (index % 64);
+            if *word & bit != 0 {
+                *word &= !bit;
+                self.seen_count -= 1;
+            }
+        }
+    }
+
     /// Marks dataset index `index` (of `n`) delivered in this epoch; returns whether it was
     /// new. An index outside the dataset (from a broken producer) is never new.
     fn mark_seen(&mut self, index: u64, n: u64) -> bool {
@@ -136,6 +151,14 @@ impl Owned {
 
     fn len(&self) -> usize {
         self.labels.len()
+    }
+
+    /// Keeps the first `samples` samples.
+    fn truncate(&mut self, samples: usize) {
+        let bytes = self.images.len() / self.labels.len().max(1);
+        self.images.truncate(samples * bytes);
+        self.labels.truncate(samples);
+        self.indices.truncate(samples);
     }
 
     fn is_empty(&self) -> bool {
@@ -297,10 +320,22 @@ impl Consumer {
             "joined the producer"
         );
         let start_seq = welcome.start_seq;
-        let words = welcome.dataset.len.div_ceil(64);
-        let Ok(words) = usize::try_from(words) else {
-            return Err(ConnectError::EmptyDataset { socket });
-        };
+        // A bit per sample for the epoch's record: a length no memory holds is refused, not an
+        // abort (it comes from another process).
+        let len = welcome.dataset.len;
+        let mut seen = Vec::new();
+        let reserved = usize::try_from(len.div_ceil(64))
+            .ok()
+            .filter(|_| len <= MAX_DATASET_LEN)
+            .is_some_and(|words| {
+                seen.try_reserve_exact(words).is_ok() && {
+                    seen.resize(words, 0);
+                    true
+                }
+            });
+        if !reserved {
+            return Err(ConnectError::DatasetTooLarge { socket, len });
+        }
         Ok(Self {
             socket,
             sock: Mutex::new(sock),
@@ -318,7 +353,7 @@ impl Consumer {
                 released: start_seq,
                 fatal: None,
                 base: start_seq,
-                seen: vec![0; words],
+                seen,
                 seen_count: 0,
                 catch_up: false,
                 generation: 0,
@@ -524,9 +559,15 @@ impl Consumer {
     /// the delivery in the lease word, which fails if the producer let this consumer go,
     /// and the batch's indices as seen in this epoch. On a let-go, drops the reservation,
     /// rejoins, and returns [`Delivery::Void`].
-    fn deliver(&self, first: u64, count: u64, generation: u64) -> Result<Delivery, ConsumerError> {
+    fn deliver(
+        &self,
+        first: u64,
+        count: u64,
+        generation: u64,
+        number: u64,
+    ) -> Result<Delivery, ConsumerError> {
         let mut state = self.state();
-        if let Delivery::Void = self.deliver_locked(&mut state, first, generation)? {
+        if let Delivery::Void = self.deliver_locked(&mut state, first, generation, number)? {
             return Ok(Delivery::Void);
         }
         // SAFETY: `first..first + count` is published (the caller waited for it), held (so
@@ -546,10 +587,18 @@ impl Consumer {
         state: &mut State,
         first: u64,
         generation: u64,
+        number: u64,
     ) -> Result<Delivery, ConsumerError> {
         if state.generation != generation {
             // Another thread rejoined meanwhile: the reservation predates it.
             state.held.remove(&first);
+            return Ok(Delivery::Void);
+        }
+        if state.current_epoch != Some(number) {
+            // A newer epoch began while this batch was waited for: the old epoch yields
+            // nothing more, and its batch must not count in the new epoch's record.
+            state.held.remove(&first);
+            self.release_locked(state);
             return Ok(Delivery::Void);
         }
         if self.cursor.deliver(state.next_seq).is_err() {
@@ -670,7 +719,10 @@ impl Consumer {
         loop {
             let (first, count, generation) = {
                 let mut state = self.state();
-                if !state.catch_up || state.current_epoch != Some(number) {
+                if state.current_epoch != Some(number) {
+                    return Ok(None); // superseded: the old epoch yields nothing more
+                }
+                if !state.catch_up {
                     break;
                 }
                 let end = self.epoch_start(&state, number.saturating_add(1));
@@ -697,7 +749,7 @@ impl Consumer {
                 return Err(e);
             }
             let mut state = self.state();
-            if let Delivery::Void = self.deliver_locked(&mut state, first, generation)? {
+            if let Delivery::Void = self.deliver_locked(&mut state, first, generation, number)? {
                 continue;
             }
             // SAFETY: as in `deliver`: published, held, and delivered just now.
@@ -709,6 +761,7 @@ impl Consumer {
                 )
             };
             let mut stop = first + count;
+            let before = owned.len();
             for (k, &index) in indices.iter().enumerate() {
                 if state.mark_seen(index, self.dataset.len) {
                     owned.push(
@@ -724,6 +777,16 @@ impl Consumer {
                 }
             }
             state.held.remove(&first);
+            if self.cursor.is_let_go() {
+                // Let go while copying (a stall timeout passed since the delivery): the copy
+                // may be torn. Forget it and gather the span again after the rejoin.
+                for &index in &owned.indices[before..] {
+                    state.unmark_seen(index);
+                }
+                owned.truncate(before);
+                self.rejoin(&mut state)?;
+                continue;
+            }
             // The rest of the span is gathered next time (it stays unreleased).
             state.next_seq = stop;
             self.release_locked(&mut state);
@@ -985,7 +1048,7 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                 self.done = true;
                 return Some(Err(e));
             }
-            match consumer.deliver(first, count, generation) {
+            match consumer.deliver(first, count, generation, self.number) {
                 Ok(Delivery::Delivered) => {
                     return Some(Ok(BatchOf {
                         consumer: self.consumer.clone(),

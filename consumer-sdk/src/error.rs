@@ -133,6 +133,15 @@ pub enum ConnectError {
         #[source]
         source: LayoutError,
     },
+    /// The producer announced a dataset longer than this consumer can keep a record of (over
+    /// [`MAX_DATASET_LEN`](crate::MAX_DATASET_LEN), or more than memory holds).
+    #[error("{}: the producer's dataset of {len} samples is too large to track", socket.display())]
+    DatasetTooLarge {
+        /// The control socket.
+        socket: PathBuf,
+        /// The length announced.
+        len: u64,
+    },
     /// The producer announced a dataset of zero samples: there are no epochs to read.
     #[error("{}: the producer's dataset is empty", socket.display())]
     EmptyDataset {

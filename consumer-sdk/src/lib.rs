@@ -113,7 +113,9 @@ pub mod cuda;
 mod error;
 
 pub use config::{ConsumerConfig, RUN_ENV, SOCKET_ENV};
-pub use consumer::{Batch, BatchOf, Consumer, Epoch, EpochOf, SharedBatch, SharedEpoch};
+pub use consumer::{
+    Batch, BatchOf, Consumer, Epoch, EpochOf, MAX_DATASET_LEN, SharedBatch, SharedEpoch,
+};
 pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
 pub use error::{ConnectError, ConsumerError};
 pub use ladle_ring::PROTOCOL_VERSION;

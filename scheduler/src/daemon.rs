@@ -834,6 +834,16 @@ impl State {
                 ),
             };
         }
+        if let Some(cpus) = spec.cpus
+            && (cpus == 0 || cpus > self.cpu_cores)
+        {
+            return Response::Error {
+                message: format!(
+                    "the job states {cpus} CPU cores; this scheduler shares 1 to {}",
+                    self.cpu_cores
+                ),
+            };
+        }
         if spec.thread_percentage.is_some_and(|p| p == 0 || p > 100) {
             return Response::Error {
                 message: "the active thread percentage must be 1–100".to_owned(),

@@ -518,6 +518,16 @@ fn feeds_and_jobs_that_decode_for_themselves_share_the_cores_and_feed_consumers_
     // 2 cores: the feed's one decode thread, and one job with its own workers fit; a second
     // such job waits, a consumer of the feed does not.
     let mut s = Scheduler::start(2, &["--cpu-cores", "2"]);
+    let dir = s.dir_arg();
+    let wider = s.fx.run(
+        &["submit", "--dir", &dir, "--cpus", "3", "--", "true"],
+        GUARD,
+    );
+    assert!(
+        !wider.status.success(),
+        "a job wider than the machine would wait forever"
+    );
+    assert!(wider.stderr.contains("CPU cores"), "{}", wider.stderr);
     serve_feed(&mut s, "imagenet");
     let release = s.file("release");
     let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
