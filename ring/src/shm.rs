@@ -257,7 +257,11 @@ impl ConsumerRing {
         if self.head() < target && !self.ended() {
             sys::futex_wait(&words.wake_word, word, timeout);
         }
-        words.waiting.fetch_sub(1, Ordering::SeqCst);
+        if words.waiting.fetch_sub(1, Ordering::SeqCst) > 1 {
+            // Others still wait, and `wake_at` may be this thread's target: ask for a wake-up
+            // at the next publish, when each of them re-registers its own.
+            words.wake_at.store(0, Ordering::SeqCst);
+        }
     }
 
     /// `count` images from sequence `start`, as one contiguous `[count, H, W, 3]` slice.
@@ -637,6 +641,34 @@ mod tests {
         producer.publish(20);
         page.wake_if_due(20);
         assert!(far.join().unwrap() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_waiter_that_gives_up_does_not_take_the_other_waiters_wake_up_with_it() {
+        use std::time::{Duration, Instant};
+        let producer = ring();
+        let page = CursorPage::create(0).unwrap();
+        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let mine = CursorPage::map(page.fd().unwrap()).unwrap();
+        std::thread::scope(|scope| {
+            let near = scope.spawn(|| {
+                let started = Instant::now();
+                while consumer.head() < 10 {
+                    consumer.wait_for_head(&mine, 10, Duration::from_secs(5));
+                }
+                started.elapsed()
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            // A second thread waits for 20 (its target replaces 10), then gives up.
+            consumer.wait_for_head(&mine, 20, Duration::from_millis(100));
+            producer.publish(10);
+            page.wake_if_due(10);
+            let took = near.join().unwrap();
+            assert!(
+                took < Duration::from_secs(3),
+                "the near waiter slept on ({took:?})"
+            );
+        });
     }
 
     #[test]
