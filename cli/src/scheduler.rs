@@ -206,13 +206,13 @@ pub(crate) struct SubmitArgs {
     command: Vec<String>,
 }
 
+/// A job's `--gpu-mem` (as `ladle submit` and `ladle sweep` take it), in MiB.
+pub(crate) fn parse_gpu_mem(arg: Option<&str>) -> anyhow::Result<Option<u64>> {
+    arg.map(parse_mib).transpose().context("--gpu-mem")
+}
+
 pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
-    let gpu_mem_mib = args
-        .gpu_mem
-        .as_deref()
-        .map(parse_mib)
-        .transpose()
-        .context("--gpu-mem")?;
+    let gpu_mem_mib = parse_gpu_mem(args.gpu_mem.as_deref())?;
     let spec = JobSpec {
         command: args.command,
         cwd: std::env::current_dir().context("current directory")?,

@@ -21,7 +21,6 @@ use ladle_producer::{ConsumerStats, Producer};
 use ladle_scheduler::daemon;
 use ladle_scheduler::job::{JobId, JobSpec, JobState};
 use ladle_scheduler::protocol::{self, Request, Response};
-use ladle_scheduler::units::parse_mib;
 use serde::Serialize;
 
 use crate::scheduler::DaemonOptions;
@@ -377,12 +376,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         .map(|p| std::fs::read_to_string(p).with_context(|| format!("--grid {}", p.display())))
         .transpose()?;
     let commands = expand_runs(&args.command, grid.as_deref())?;
-    let gpu_mem_mib = args
-        .gpu_mem
-        .as_deref()
-        .map(parse_mib)
-        .transpose()
-        .context("--gpu-mem")?;
+    let gpu_mem_mib = crate::scheduler::parse_gpu_mem(args.gpu_mem.as_deref())?;
     let cwd = std::env::current_dir().context("current directory")?;
     let out = match &args.out {
         Some(out) => out.clone(),

@@ -190,6 +190,8 @@ pub(crate) struct State {
     pub(crate) cuts: CutPoints,
     pub(crate) members: Vec<Member>,
     pub(crate) next_id: u64,
+    /// Whether some member has a watch (so that a loan, once per sample, need not look).
+    watching: bool,
 }
 
 /// Everything the producer's threads share.
@@ -262,6 +264,7 @@ impl Shared {
     /// taken no batch for the stall timeout. Returns whether it did.
     fn check_stall(&self, state: &mut State, id: u64, cursor: u64) -> bool {
         let now = Instant::now();
+        state.watching = true;
         let Some(m) = state.members.iter_mut().find(|m| m.id == id) else {
             return false;
         };
@@ -318,8 +321,10 @@ impl Shared {
 
     /// Forgets every watch: the feed is not held back.
     fn clear_watches(state: &mut State) {
-        for m in &mut state.members {
-            m.watch = None;
+        if std::mem::take(&mut state.watching) {
+            for m in &mut state.members {
+                m.watch = None;
+            }
         }
     }
 }
@@ -451,6 +456,7 @@ impl Producer {
                 cuts: CutPoints::default(),
                 members: Vec::new(),
                 next_id: 0,
+                watching: false,
             }),
             changed: Condvar::new(),
             stop,

@@ -82,6 +82,26 @@ impl Finished {
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
             .collect()
     }
+
+    /// The per-epoch lines of a `ladle consume --json` that succeeded.
+    pub fn epochs(&self) -> Vec<serde_json::Value> {
+        assert!(self.status.success(), "consumer failed: {}", self.stderr);
+        self.json_lines()
+            .into_iter()
+            .filter(|v| v.get("epoch").is_some())
+            .collect()
+    }
+
+    /// Asserts that a `ladle consume --json` read `expected_epochs` epochs, each with exact
+    /// coverage; returns them.
+    pub fn assert_exact(&self, expected_epochs: usize, what: &str) -> Vec<serde_json::Value> {
+        let epochs = self.epochs();
+        assert_eq!(epochs.len(), expected_epochs, "{what}: {}", self.stdout);
+        for e in &epochs {
+            assert_eq!(e["exact_coverage"], true, "{what}: {e}");
+        }
+        epochs
+    }
 }
 
 /// One test's world: a temporary directory and the processes started in it, each in its own

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use ladle_tests::{Finished, Fixture};
+use ladle_tests::Fixture;
 use serde_json::Value;
 
 /// Deadlock guard for one consumer run; never a speed assertion.
@@ -15,22 +15,6 @@ const GUARD: Duration = Duration::from_secs(300);
 
 /// Small samples and a small ring so that the ring wraps many times per test.
 const SERVE: &[&str] = &["--image-size", "32", "--ring-mib", "8", "--threads", "2"];
-
-fn epochs(done: &Finished) -> Vec<Value> {
-    assert!(done.status.success(), "consumer failed: {}", done.stderr);
-    done.json_lines()
-        .into_iter()
-        .filter(|v| v.get("epoch").is_some())
-        .collect()
-}
-
-fn assert_exact(done: &Finished, expected_epochs: usize, what: &str) {
-    let epochs = epochs(done);
-    assert_eq!(epochs.len(), expected_epochs, "{what}: {}", done.stdout);
-    for e in &epochs {
-        assert_eq!(e["exact_coverage"], true, "{what}: {e}");
-    }
-}
 
 #[test]
 fn four_consumers_with_batch_sizes_1_32_100_256_each_see_every_sample_once_per_epoch() {
@@ -43,8 +27,8 @@ fn four_consumers_with_batch_sizes_1_32_100_256_each_see_every_sample_once_per_e
         .collect();
     for (batch, c) in consumers {
         let done = fx.wait(c, GUARD);
-        assert_exact(&done, 3, &format!("batch {batch}"));
-        let first = &epochs(&done)[0];
+        done.assert_exact(3, &format!("batch {batch}"));
+        let first = &done.epochs()[0];
         assert_eq!(first["samples"], 300);
         assert_eq!(first["batches"], 300u64.div_ceil(u64::from(batch)));
     }
@@ -60,7 +44,7 @@ fn a_consumer_joining_mid_epoch_gets_exact_coverage_without_waiting_for_the_next
     std::thread::sleep(Duration::from_millis(700));
     let late = fx.consume(64, 2, &[]);
     let late = fx.wait(late, GUARD);
-    assert_exact(&late, 2, "late joiner");
+    late.assert_exact(2, "late joiner");
     let start = late
         .json_lines()
         .iter()
@@ -71,7 +55,7 @@ fn a_consumer_joining_mid_epoch_gets_exact_coverage_without_waiting_for_the_next
         0,
         "the late consumer was meant to join mid-epoch (start {start})"
     );
-    assert_exact(&fx.wait(early, GUARD), 2, "early consumer");
+    fx.wait(early, GUARD).assert_exact(2, "early consumer");
 }
 
 fn count_fds_and_cursor_maps(pid: u32) -> (usize, usize) {
@@ -103,8 +87,8 @@ fn a_consumer_killed_mid_epoch_releases_its_hold_and_the_others_finish_exactly()
     let (_, live_maps) = count_fds_and_cursor_maps(producer);
     assert_eq!(live_maps, 3, "one cursor page mapped per live consumer");
     fx.signal(victim, 9);
-    assert_exact(&fx.wait(a, GUARD), 5, "batch 32");
-    assert_exact(&fx.wait(b, GUARD), 5, "batch 64");
+    fx.wait(a, GUARD).assert_exact(5, "batch 32");
+    fx.wait(b, GUARD).assert_exact(5, "batch 64");
     let victim = fx.wait(victim, GUARD);
     assert!(!victim.status.success());
     // Every consumer is gone: the producer holds no cursor mapping and no more fds than it
@@ -195,9 +179,6 @@ fn garbage_wrong_versions_and_oversize_frames_drop_only_that_connection() {
     // A silent connection that never says Hello does not block anyone either.
     hostile.push(UnixStream::connect(&socket).unwrap());
     let good = fx.consume(32, 2, &[]);
-    assert_exact(
-        &fx.wait(good, GUARD),
-        2,
-        "consumer beside hostile connections",
-    );
+    fx.wait(good, GUARD)
+        .assert_exact(2, "consumer beside hostile connections");
 }

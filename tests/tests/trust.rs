@@ -21,14 +21,6 @@ const GUARD: Duration = Duration::from_secs(300);
 const SMALL_RING: &[&str] = &["--image-size", "32", "--ring-mib", "2", "--threads", "2"];
 const CAPACITY: u32 = 512;
 
-fn epochs(done: &Finished) -> Vec<Value> {
-    assert!(done.status.success(), "consumer failed: {}", done.stderr);
-    done.json_lines()
-        .into_iter()
-        .filter(|v| v.get("epoch").is_some())
-        .collect()
-}
-
 fn summary(done: &Finished) -> Value {
     done.json_lines()
         .into_iter()
@@ -45,10 +37,7 @@ fn assert_exact(done: &Finished, expected_epochs: usize, what: &str) {
         // With `--check-held`: nothing changed under a batch while it was held.
         assert_eq!(summary["corrupted_batches"], 0, "{what}: {summary}");
     }
-    let epochs = epochs(done);
-    assert_eq!(epochs.len(), expected_epochs, "{what}: {}", done.stdout);
-    for e in &epochs {
-        assert_eq!(e["exact_coverage"], true, "{what}: {e}");
+    for e in done.assert_exact(expected_epochs, what) {
         assert_eq!(e["bad_samples"], 0, "{what}: {e}");
     }
 }
