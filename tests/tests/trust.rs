@@ -412,3 +412,31 @@ fn a_consumer_whose_futex_word_disagrees_with_its_cursor_does_not_make_the_produ
     );
     fx.signal(other, 9);
 }
+
+#[test]
+fn a_sample_that_really_is_bad_is_counted_where_the_consumer_sees_it() {
+    // Defect 5: bad samples must be visible (per batch, and in `consume --json`), never silent.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(40, 40, 36);
+    let class = std::fs::read_dir(&data)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let image = std::fs::read_dir(&class)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    std::fs::write(&image, b"not an image at all").unwrap();
+    fx.serve(&data, SMALL_RING);
+    let consumer = fx.consume(8, 2, &[]);
+    let done = fx.wait(consumer, GUARD);
+    let epochs = done.assert_exact(2, "epochs with a corrupt file");
+    for e in &epochs {
+        assert_eq!(e["bad_samples"], 1, "one bad file, once per epoch: {e}");
+    }
+    assert_eq!(summary(&done)["bad_samples"], 2, "{}", done.stdout);
+}
