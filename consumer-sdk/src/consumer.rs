@@ -266,10 +266,10 @@ impl Consumer {
             | ServerMessage::Detached { reason } => {
                 return Err(ConnectError::Rejected { socket, reason });
             }
-            ServerMessage::Rejoined { .. } => {
+            ServerMessage::Rejoined { .. } | ServerMessage::Stats(_) => {
                 return Err(ConnectError::Protocol {
                     socket,
-                    source: ProtocolError::Malformed("Rejoined instead of Welcome".into()),
+                    source: ProtocolError::Malformed("an answer other than Welcome".into()),
                 });
             }
         };

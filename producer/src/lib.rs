@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 use ladle_datasets::augment::Augment;
 use ladle_datasets::pipeline::{PipelineConfig, SampleSink, WorkItem, WorkSource, default_threads};
 use ladle_datasets::{BadSamplePolicy, Dataset, PipelineError, SampleError};
-use ladle_ring::protocol::{DatasetInfo, ServerMessage};
+use ladle_ring::protocol::{ConsumerInfo, DatasetInfo, FeedStats, ServerMessage};
 use ladle_ring::{
     CursorPage, Gate, LayoutError, ProducerRing, Readers, RingLayout, ShmError, WriteLoan,
 };
@@ -166,6 +166,60 @@ pub(crate) struct Member {
     watch: Option<Watch>,
     /// Samples it released in earlier attachments (before a let-go).
     pub(crate) released_before: u64,
+    /// Its process id and batch size, as it said in `Hello`.
+    pub(crate) pid: u32,
+    pub(crate) batch_size: u32,
+    /// When it joined.
+    pub(crate) joined: Instant,
+    /// Time it held the feed back in watches that have ended.
+    pub(crate) held_back: Duration,
+    /// Times it rejoined after a let-go.
+    pub(crate) rejoins: u32,
+}
+
+impl Member {
+    /// A member just admitted (see [`server`]).
+    pub(crate) fn new(
+        id: u64,
+        name: String,
+        start: u64,
+        page: Arc<CursorPage>,
+        socket: std::os::unix::net::UnixStream,
+        hello: (u32, u32),
+    ) -> Self {
+        Self {
+            id,
+            name,
+            start,
+            page,
+            socket,
+            attached: true,
+            watch: None,
+            released_before: 0,
+            pid: hello.0,
+            batch_size: hello.1,
+            joined: Instant::now(),
+            held_back: Duration::ZERO,
+            rejoins: 0,
+        }
+    }
+
+    /// Ends its watch, if any, adding how long it ran to the time it held the feed back.
+    fn end_watch(&mut self, now: Instant) {
+        if let Some(w) = self.watch.take() {
+            self.held_back += now.saturating_duration_since(w.since);
+        }
+    }
+
+    /// What it has released, over all its attachments.
+    fn released(&self) -> u64 {
+        self.released_before
+            + if self.attached {
+                self.page.cursor().saturating_sub(self.start)
+            } else {
+                0
+            }
+    }
 }
 
 /// One consumer as [`Producer::consumer_stats`] shows it.
@@ -214,6 +268,13 @@ pub(crate) struct Shared {
     pub(crate) max_connections: usize,
     /// Connection threads alive.
     pub(crate) connections: AtomicUsize,
+    /// When the producer started, and its decode threads (for [`FeedStats`]).
+    started: Instant,
+    threads: u32,
+    /// Consumers admitted, gone and let go since the start.
+    pub(crate) joins: AtomicU64,
+    leaves: AtomicU64,
+    let_gos: AtomicU64,
 }
 
 impl Shared {
@@ -225,6 +286,7 @@ impl Shared {
     pub(crate) fn remove(&self, id: u64, why: &str) {
         let mut state = self.lock();
         if let Some(m) = self.forget(&mut state, id) {
+            self.leaves.fetch_add(1, Ordering::Relaxed);
             tracing::info!(consumer = m.id, name = %m.name, "consumer left ({why})");
         }
         drop(state);
@@ -253,6 +315,7 @@ impl Shared {
     /// connection; nobody else is affected.
     pub(crate) fn detach(&self, state: &mut State, id: u64, reason: &str) {
         if let Some(m) = self.forget(state, id) {
+            self.leaves.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(consumer = m.id, name = %m.name, "consumer detached: {reason}");
             let reason = reason.to_owned();
             let _ = ladle_ring::protocol::send(&m.socket, &ServerMessage::Detached { reason }, &[]);
@@ -271,8 +334,9 @@ impl Shared {
         let lease = m.page.lease();
         let watch = match &mut m.watch {
             Some(w) if w.lease == lease && w.cursor == cursor => w,
-            other => {
-                *other = Some(Watch {
+            _ => {
+                m.end_watch(now);
+                m.watch = Some(Watch {
                     lease,
                     cursor,
                     since: now,
@@ -299,11 +363,12 @@ impl Shared {
             return false;
         }
         if !m.page.let_go(lease) {
-            m.watch = None; // it delivered a batch just now
+            m.end_watch(now); // it delivered a batch just now
             return false;
         }
+        m.end_watch(now);
+        self.let_gos.fetch_add(1, Ordering::Relaxed);
         m.attached = false;
-        m.watch = None;
         self.count_consumed(m);
         m.released_before += m.page.cursor().saturating_sub(m.start);
         let (mid, start) = (m.id, m.start);
@@ -319,11 +384,85 @@ impl Shared {
         true
     }
 
+    /// How the feed is doing (see [`FeedStats`]), its consumer list cut to fit one frame.
+    pub(crate) fn stats(&self) -> FeedStats {
+        let now = Instant::now();
+        let head = self.published.load(Ordering::Relaxed);
+        let state = self.lock();
+        let mut consumers: Vec<ConsumerInfo> = state
+            .members
+            .iter()
+            .map(|m| {
+                let lag = if m.attached {
+                    head.saturating_sub(m.page.cursor())
+                } else {
+                    0
+                };
+                let holding = m.watch.map(|w| now.saturating_duration_since(w.since));
+                ConsumerInfo {
+                    id: m.id,
+                    name: m.name.clone(),
+                    pid: m.pid,
+                    batch_size: m.batch_size,
+                    connected_s: now.saturating_duration_since(m.joined).as_secs_f64(),
+                    released: m.released(),
+                    lag,
+                    attached: m.attached,
+                    holding_back_s: holding.map(|d| d.as_secs_f64()),
+                    held_back_s: (m.held_back + holding.unwrap_or_default()).as_secs_f64(),
+                    rejoins: m.rejoins,
+                }
+            })
+            .collect();
+        drop(state);
+        consumers.sort_by_key(|c| c.id);
+        let capacity = self.ring.layout().capacity;
+        let occupancy = consumers
+            .iter()
+            .filter(|c| c.attached)
+            .map(|c| c.lag)
+            .max()
+            .unwrap_or(0)
+            .min(capacity);
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        let mut stats = FeedStats {
+            source: self.info.source.clone(),
+            dataset_len: self.info.len,
+            capacity,
+            threads: self.threads,
+            pid: std::process::id(),
+            uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
+            cpu_s: cpu.tv_sec as f64 + cpu.tv_nsec as f64 * 1e-9,
+            published: head,
+            bad: self.bad.load(Ordering::Relaxed),
+            occupancy,
+            joins: self.joins.load(Ordering::Relaxed),
+            leaves: self.leaves.load(Ordering::Relaxed),
+            let_gos: self.let_gos.load(Ordering::Relaxed),
+            consumers,
+            consumers_omitted: 0,
+        };
+        // A frame holds about 250 consumers with long names: the most lagging stay listed.
+        let fits = |s: &FeedStats| {
+            // The message's tag adds a few bytes to the stats' own.
+            serde_json::to_vec(s).is_ok_and(|b| b.len() + 64 <= ladle_ring::protocol::MAX_FRAME)
+        };
+        if !fits(&stats) {
+            stats.consumers.sort_by_key(|c| std::cmp::Reverse(c.lag));
+            while !fits(&stats) && stats.consumers.pop().is_some() {
+                stats.consumers_omitted += 1;
+            }
+            stats.consumers.sort_by_key(|c| c.id);
+        }
+        stats
+    }
+
     /// Forgets every watch: the feed is not held back.
     fn clear_watches(state: &mut State) {
         if std::mem::take(&mut state.watching) {
+            let now = Instant::now();
             for m in &mut state.members {
-                m.watch = None;
+                m.end_watch(now);
             }
         }
     }
@@ -467,6 +606,11 @@ impl Producer {
             keep_alive: config.keep_alive,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
+            started: Instant::now(),
+            threads: u32::try_from(config.threads).unwrap_or(u32::MAX),
+            joins: AtomicU64::new(0),
+            leaves: AtomicU64::new(0),
+            let_gos: AtomicU64::new(0),
         });
         let spawn_error = |e: std::io::Error| ProducerError::Socket {
             path: config.socket.clone(),
@@ -535,16 +679,18 @@ impl Producer {
             .map(|m| ConsumerStats {
                 id: m.id,
                 name: m.name.clone(),
-                released: m.released_before
-                    + if m.attached {
-                        m.page.cursor().saturating_sub(m.start)
-                    } else {
-                        0
-                    },
+                released: m.released(),
                 attached: m.attached,
                 holding_back: m.watch.map(|w| now.duration_since(w.since)),
             })
             .collect()
+    }
+
+    /// How the feed is doing: what `ladle top`, `--metrics` and `--record` show (the same
+    /// answer a [`ClientMessage::Stats`](ladle_ring::protocol::ClientMessage::Stats) request
+    /// on the socket gets).
+    pub fn stats(&self) -> FeedStats {
+        self.shared.stats()
     }
 
     /// Samples per epoch (the dataset's length).

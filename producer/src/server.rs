@@ -132,6 +132,7 @@ fn handle(conn: &UnixStream, shared: &Shared) {
             tracing::debug!("a connection closed before saying Hello");
             return;
         }
+        Err(Refusal::Answered) => return,
         Err(Refusal::Reason(reason)) => {
             tracing::warn!("refused a connection: {reason}");
             let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
@@ -149,6 +150,9 @@ fn handle(conn: &UnixStream, shared: &Shared) {
                 }
             }
             Ok((ClientMessage::Hello(_), _)) => break "sent a second Hello".to_owned(),
+            // Stats are asked for on a connection of their own (the producer also writes
+            // End and Detached on this one, from other threads).
+            Ok((ClientMessage::Stats, _)) => break "asked for stats while joined".to_owned(),
             Err(ProtocolError::Closed) => break "connection closed".to_owned(),
             Err(e) => break format!("protocol error: {e}"),
         }
@@ -167,6 +171,8 @@ fn log_name(name: &str) -> String {
 enum Refusal {
     /// It closed before saying `Hello`: nothing to tell it.
     Gone,
+    /// It asked for stats instead, and has them.
+    Answered,
     /// Told to the peer (`Reject`) and logged.
     Reason(String),
 }
@@ -193,6 +199,13 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         .map_err(|e| e.to_string())?;
     let hello = match protocol::recv_by::<ClientMessage>(conn, Instant::now() + HELLO_TIMEOUT) {
         Ok((ClientMessage::Hello(hello), _)) => hello,
+        Ok((ClientMessage::Stats, _)) => {
+            let stats = ServerMessage::Stats(shared.stats());
+            return match protocol::send(conn, &stats, &[]) {
+                Ok(()) => Err(Refusal::Answered),
+                Err(e) => Err(format!("cannot send stats: {e}").into()),
+            };
+        }
         Ok((other, _)) => return Err(format!("expected Hello, got {other:?}").into()),
         Err(ProtocolError::Closed) => return Err(Refusal::Gone),
         Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
@@ -255,16 +268,15 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     }
     state.cuts.add(start % shared.info.len);
     tracing::info!(consumer = id, name = %name, pid, batch_size, start, "consumer joined");
-    state.members.push(Member {
+    state.members.push(Member::new(
         id,
         name,
         start,
         page,
         socket,
-        attached: true,
-        watch: None,
-        released_before: 0,
-    });
+        (pid, batch_size),
+    ));
+    shared.joins.fetch_add(1, Ordering::Relaxed);
     drop(state);
     shared.changed.notify_all();
     Ok(id)
@@ -289,6 +301,7 @@ fn rejoin(shared: &Shared, id: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     m.start = start;
     m.attached = true;
+    m.rejoins += 1;
     state.cuts.add(start % shared.info.len);
     protocol::send(
         &m.socket,

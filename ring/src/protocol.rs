@@ -14,6 +14,9 @@
 //!   Rejoin                        ─►  (after the producer let it go: see below)
 //!                                 ◄─ Rejoined{start_seq}
 //!   Leave                         ─►  (or just close: EOF is a leave)
+//!
+//!   Stats                         ─►  (instead of Hello: `ladle top`, `--record`)
+//!                                 ◄─ Stats{FeedStats}, then the producer closes
 //! ```
 //!
 //! A consumer that takes no batch for the producer's stall timeout while holding the feed back
@@ -89,10 +92,13 @@ pub enum ClientMessage {
     Leave,
     /// Attach again after being let go; answered with [`ServerMessage::Rejoined`].
     Rejoin,
+    /// Instead of `Hello`: ask how the feed is doing; answered with [`ServerMessage::Stats`],
+    /// then the producer closes the connection (what `ladle top` and `--record` read).
+    Stats,
 }
 
 /// Producer → consumer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum ServerMessage {
     /// Joined; the ring and cursor fds come with this frame.
@@ -117,6 +123,98 @@ pub enum ServerMessage {
         /// Where the consumer's cursor now stands: the producer's next sequence.
         start_seq: u64,
     },
+    /// Answer to [`ClientMessage::Stats`].
+    Stats(FeedStats),
+}
+
+/// How a feed is doing, at one instant: counters since the producer started, and each
+/// consumer's position. Rates (decode rate, a consumer's samples/s) are differences of two
+/// snapshots over their `uptime_s`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedStats {
+    /// Where the producer reads from.
+    pub source: String,
+    /// Samples per epoch (`N`).
+    pub dataset_len: u64,
+    /// Slots in the ring (`C`).
+    pub capacity: u64,
+    /// Decode threads.
+    pub threads: u32,
+    /// The producer's process id.
+    pub pid: u32,
+    /// Seconds since the producer started.
+    pub uptime_s: f64,
+    /// CPU seconds (user + system) the producer's process has used, all threads.
+    pub cpu_s: f64,
+    /// Samples published (decoded, augmented and written), bad ones included: the head.
+    pub published: u64,
+    /// Of them, bad samples (zero image, label −1).
+    pub bad: u64,
+    /// Published samples the slowest attached consumer has not released yet (`0..=C`): how
+    /// full the ring is.
+    pub occupancy: u64,
+    /// Consumers admitted since the start.
+    pub joins: u64,
+    /// Consumers gone since the start (left, died or detached).
+    pub leaves: u64,
+    /// Let-gos since the start (a consumer held the feed back past the stall timeout).
+    pub let_gos: u64,
+    /// The live consumers, by id.
+    pub consumers: Vec<ConsumerInfo>,
+    /// Live consumers left out of `consumers` to keep the answer within [`MAX_FRAME`].
+    #[serde(default)]
+    pub consumers_omitted: u32,
+}
+
+/// One live consumer in [`FeedStats`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConsumerInfo {
+    /// Its id in the producer's logs.
+    pub id: u64,
+    /// Its name as logged: quoted and escaped (`"run-00"`).
+    pub name: String,
+    /// Its process id, as it said in `Hello`.
+    pub pid: u32,
+    /// Its batch size.
+    pub batch_size: u32,
+    /// Seconds since it joined.
+    pub connected_s: f64,
+    /// Samples it has released (read and dropped), over all its attachments.
+    pub released: u64,
+    /// Published samples it has not released yet (0 while let go).
+    pub lag: u64,
+    /// Whether its cursor gates the producer (false while let go).
+    pub attached: bool,
+    /// How long it has been holding the feed back without taking a batch, if it is, seconds.
+    pub holding_back_s: Option<f64>,
+    /// Seconds it has held the feed back in all (the producer waiting on it alone).
+    pub held_back_s: f64,
+    /// Times it was let go and rejoined.
+    pub rejoins: u32,
+}
+
+/// Asks the producer on `socket` for its [`FeedStats`], giving up after `timeout`.
+///
+/// # Errors
+/// [`ProtocolError::Io`] when nobody answers on `socket` in time; [`ProtocolError::Malformed`]
+/// when the answer is not stats (a refusal's reason is in the message).
+pub fn feed_stats(
+    socket: &std::path::Path,
+    timeout: std::time::Duration,
+) -> Result<FeedStats, ProtocolError> {
+    let sock = UnixStream::connect(socket).map_err(ProtocolError::Io)?;
+    sock.set_write_timeout(Some(timeout))
+        .map_err(ProtocolError::Io)?;
+    send(&sock, &ClientMessage::Stats, &[])?;
+    match recv_by::<ServerMessage>(&sock, Instant::now() + timeout)? {
+        (ServerMessage::Stats(stats), _) => Ok(stats),
+        (ServerMessage::Reject { reason }, _) => Err(ProtocolError::Malformed(format!(
+            "the producer refused the stats request: {reason}"
+        ))),
+        (other, _) => Err(ProtocolError::Malformed(format!(
+            "expected Stats, got {other:?}"
+        ))),
+    }
 }
 
 /// Writes one message, with `fds` attached.

@@ -914,6 +914,8 @@ impl State {
                         .as_ref()
                         .map_or(0, |s| s.memory_used_mib),
                     sm_activity_risk: self.windows[i].risk().sm_activity,
+                    utilization: self.windows[i].last.as_ref().map_or(0.0, |s| s.utilization),
+                    sm_activity: self.windows[i].last.as_ref().and_then(|s| s.sm_activity),
                     jobs: counts[i],
                 })
                 .collect(),

@@ -176,6 +176,12 @@ pub struct GpuView {
     pub memory_used_mib: u64,
     /// SM activity risk score.
     pub sm_activity_risk: f64,
+    /// NVML utilisation by the latest sample (0 – 1).
+    #[serde(default)]
+    pub utilization: f64,
+    /// SM activity by the latest sample (0 – 1), where the GPU exposes it (GPM).
+    #[serde(default)]
+    pub sm_activity: Option<f64>,
     /// The scheduler's jobs on it.
     pub jobs: u32,
 }

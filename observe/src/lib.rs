@@ -1,0 +1,207 @@
+//! What a person sees of a running feed, scheduler or sweep.
+//!
+//! In the picture of `docs/ARCHITECTURE.md` this crate sits beside the CLI, above the two
+//! halves it watches: it reads a producer's [`FeedStats`](ladle_ring::protocol::FeedStats)
+//! (in process, or with a `Stats` request on the feed's own socket) and the scheduler's
+//! `Queue` answer (on its socket), and nothing else. It never writes to a feed or a
+//! scheduler.
+//!
+//! ```text
+//!  Source (feed stats, scheduler queue) ─► Snapshot ─► Rates ─► Rows ─┬─► Latest ─► Prometheus text (--metrics)
+//!        once a second, on an Observer thread                      ├─► recorder CSVs (--record)
+//!                                                                  └─► ladle top (its own loop)
+//! ```
+//!
+//! One conversion ([`Rates`]) turns counters into rates for every view, so the live view,
+//! the metrics and the recorded series agree.
+//!
+//! ```
+//! use std::time::Duration;
+//! use ladle_observe::{Latest, Observer, Snapshot, series::unix_now};
+//!
+//! let latest = Latest::default();
+//! // A source is anything that can look: here, a scheduler-less, feed-less one.
+//! let source = || Snapshot { time: unix_now(), ..Snapshot::default() };
+//! let observer = Observer::start(source, Duration::from_millis(10), vec![Box::new(latest.clone())]).unwrap();
+//! while latest.get().is_none() {
+//!     std::thread::sleep(Duration::from_millis(5));
+//! }
+//! observer.stop();
+//! ```
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub mod series;
+
+pub use series::{Rates, Rows, SchedulerView, Snapshot};
+
+use ladle_scheduler::protocol::{self as sched, Request, Response};
+
+/// How long a look waits for a feed's or the scheduler's answer.
+pub const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Something that can take a [`Snapshot`]: the in-process producer, or sockets.
+pub trait Source: Send {
+    /// One look, now.
+    fn look(&mut self) -> Snapshot;
+}
+
+impl<F: FnMut() -> Snapshot + Send> Source for F {
+    fn look(&mut self) -> Snapshot {
+        self()
+    }
+}
+
+/// Where the rows of each look go (the metrics' latest value, a recorder's files).
+pub trait Sink: Send {
+    /// The rows of one look.
+    fn tick(&mut self, rows: &Rows);
+    /// The observer stops: flush and close.
+    fn finish(&mut self) {}
+}
+
+/// The latest rows, shared (what a metrics endpoint serves).
+#[derive(Debug, Clone, Default)]
+pub struct Latest(Arc<Mutex<Option<Rows>>>);
+
+impl Latest {
+    /// The rows of the latest look, if there was one.
+    pub fn get(&self) -> Option<Rows> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Sink for Latest {
+    fn tick(&mut self, rows: &Rows) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(rows.clone());
+    }
+}
+
+/// Feeds and a scheduler reached over their sockets: what `ladle top` and a recording of a
+/// scheduler or a sweep look at.
+#[derive(Debug, Clone, Default)]
+pub struct Sockets {
+    /// Feeds by name and control socket.
+    pub feeds: Vec<(String, PathBuf)>,
+    /// The scheduler's socket, if one is watched.
+    pub scheduler: Option<PathBuf>,
+    /// Also watch every feed registered with the scheduler.
+    pub scheduler_feeds: bool,
+}
+
+impl Source for Sockets {
+    fn look(&mut self) -> Snapshot {
+        let mut snapshot = Snapshot {
+            time: series::unix_now(),
+            ..Snapshot::default()
+        };
+        let mut feeds = self.feeds.clone();
+        if let Some(socket) = &self.scheduler {
+            let queue = match sched::request(socket, &Request::Queue, LOOK_TIMEOUT) {
+                Ok(Response::Queue { policy, jobs, gpus }) => {
+                    Ok(SchedulerView { policy, jobs, gpus })
+                }
+                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Err(e) => Err(e.to_string()),
+            };
+            let reachable = queue.is_ok();
+            snapshot.scheduler = Some(queue);
+            if self.scheduler_feeds && reachable {
+                if let Ok(Response::Feeds { feeds: known, .. }) =
+                    sched::request(socket, &Request::Feeds, LOOK_TIMEOUT)
+                {
+                    for f in known {
+                        if !feeds.iter().any(|(_, s)| *s == f.socket) {
+                            feeds.push((f.name, f.socket));
+                        }
+                    }
+                }
+            }
+        }
+        for (name, socket) in feeds {
+            let stats = ladle_ring::protocol::feed_stats(&socket, LOOK_TIMEOUT)
+                .map_err(|e| format!("{}: {e}", socket.display()));
+            snapshot.feeds.push((name, stats));
+        }
+        snapshot
+    }
+}
+
+/// Looks at a [`Source`] every `interval` on its own thread and hands the rows to sinks.
+#[derive(Debug)]
+pub struct Observer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Observer {
+    /// Starts looking now, then every `interval`.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    pub fn start(
+        mut source: impl Source + 'static,
+        interval: Duration,
+        mut sinks: Vec<Box<dyn Sink>>,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("ladle-observer".into())
+                .spawn(move || {
+                    let mut rates = Rates::default();
+                    let mut next = Instant::now();
+                    loop {
+                        let rows = rates.rows(&source.look());
+                        for sink in &mut sinks {
+                            sink.tick(&rows);
+                        }
+                        next += interval;
+                        // Sleep in short steps so that stopping is prompt.
+                        while Instant::now() < next {
+                            if stop.load(Ordering::SeqCst) {
+                                for sink in &mut sinks {
+                                    sink.finish();
+                                }
+                                return;
+                            }
+                            let left = next.saturating_duration_since(Instant::now());
+                            std::thread::sleep(left.min(Duration::from_millis(50)));
+                        }
+                        // A look that took longer than the interval does not make the next
+                        // ones bunch up.
+                        next = next.max(Instant::now());
+                    }
+                })?
+        };
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops looking; the sinks are finished before this returns.
+    pub fn stop(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the observer thread panicked");
+        }
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
