@@ -10,6 +10,7 @@ mod dataset;
 mod demo;
 mod embedded;
 mod fanout;
+mod observe;
 mod plot;
 mod progress;
 mod records;

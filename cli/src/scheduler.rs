@@ -76,6 +76,8 @@ pub(crate) struct SchedulerArgs {
     dir: DirArg,
     #[command(flatten)]
     options: DaemonOptions,
+    #[command(flatten)]
+    observe: crate::observe::ObserveArgs,
 }
 
 /// How a scheduler daemon admits jobs: shared by `ladle scheduler` and `ladle sweep` (which
@@ -169,7 +171,17 @@ pub(crate) fn run_daemon(args: SchedulerArgs) -> anyhow::Result<()> {
         daemon::socket_path(&dir).display(),
         config.policy.name
     );
-    daemon::run(config, stop).with_context(|| format!("scheduler on {}", dir.display()))
+    // The observer asks the daemon over its socket, like any client; until the daemon is up
+    // its looks record that it does not answer.
+    let observer = args.observe.start(ladle_observe::Sockets {
+        scheduler: Some(daemon::socket_path(&dir)),
+        ..ladle_observe::Sockets::default()
+    })?;
+    let ran = daemon::run(config, stop).with_context(|| format!("scheduler on {}", dir.display()));
+    if let Some(observer) = observer {
+        observer.stop();
+    }
+    ran
 }
 
 #[derive(Debug, Args)]

@@ -25,6 +25,8 @@ pub(crate) struct ServeArgs {
     scheduler: crate::scheduler::DirArg,
     #[command(flatten)]
     feed: FeedOptions,
+    #[command(flatten)]
+    observe: crate::observe::ObserveArgs,
 }
 
 /// What a feed serves and how: shared by `ladle serve` and `ladle sweep`.
@@ -131,6 +133,15 @@ pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
 }
 
 /// How often a named feed registers again with the scheduler.
+/// The feed's name in metrics and records: its `--name`, else its socket's file name.
+fn feed_label(args: &ServeArgs) -> String {
+    args.name.clone().unwrap_or_else(|| {
+        args.socket
+            .file_name()
+            .map_or_else(|| "feed".to_owned(), |f| f.to_string_lossy().into_owned())
+    })
+}
+
 const REREGISTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -188,8 +199,28 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
             .context("starting the feed's registration thread")?;
     }
+    let observer = {
+        let (stats, feed) = (producer.stats_source(), feed_label(&args));
+        args.observe.start(move || ladle_observe::Snapshot {
+            time: ladle_observe::series::unix_now(),
+            feeds: vec![(feed.clone(), Ok(stats.stats()))],
+            scheduler: None,
+        })
+    };
+    let observer = match observer {
+        Ok(observer) => observer,
+        Err(e) => {
+            producer.stop();
+            let _ = producer.wait();
+            return Err(e);
+        }
+    };
     let started = std::time::Instant::now();
-    let served = producer.wait().context("the producer failed")?;
+    let served = producer.wait().context("the producer failed");
+    if let Some(observer) = observer {
+        observer.stop();
+    }
+    let served = served?;
     let (published, bad) = (served.published, served.bad_samples);
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(

@@ -47,6 +47,8 @@ pub(crate) struct SweepArgs {
     feed: FeedOptions,
     #[command(flatten)]
     daemon: DaemonOptions,
+    #[command(flatten)]
+    observe: crate::observe::ObserveArgs,
     /// Use the running scheduler daemon of this state directory (default: the one `ladle
     /// scheduler` uses, if it is running; else the sweep starts a private one).
     #[arg(long, value_name = "DIR")]
@@ -472,6 +474,12 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         ),
     );
 
+    // --metrics / --record: the feed and the scheduler, over their sockets.
+    let observer = args.observe.start(ladle_observe::Sockets {
+        feeds: vec![(feed_name.clone(), socket.clone())],
+        scheduler: Some(scheduler.socket.clone()),
+        scheduler_feeds: false,
+    })?;
     let mut runs = Vec::new();
     for (k, command) in commands.into_iter().enumerate() {
         let name = format!("run-{k:02}");
@@ -611,6 +619,9 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         std::thread::sleep(POLL);
     }
 
+    if let Some(observer) = observer {
+        observer.stop();
+    }
     // Logs before the scheduler goes away.
     let mut reports = Vec::new();
     for run in &runs {

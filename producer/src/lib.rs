@@ -515,6 +515,17 @@ impl<'a> SampleSink for RingSink<'a> {
     }
 }
 
+/// Reads a producer's [`FeedStats`] from any thread; see [`Producer::stats_source`].
+#[derive(Debug, Clone)]
+pub struct StatsSource(Arc<Shared>);
+
+impl StatsSource {
+    /// How the feed is doing now.
+    pub fn stats(&self) -> FeedStats {
+        self.0.stats()
+    }
+}
+
 /// What a producer served, from [`Producer::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Served {
@@ -691,6 +702,12 @@ impl Producer {
     /// on the socket gets).
     pub fn stats(&self) -> FeedStats {
         self.shared.stats()
+    }
+
+    /// A handle that reads [`Producer::stats`] from another thread (an observer), for as long
+    /// as it lives.
+    pub fn stats_source(&self) -> StatsSource {
+        StatsSource(self.shared.clone())
     }
 
     /// Samples per epoch (the dataset's length).
