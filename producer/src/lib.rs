@@ -442,18 +442,7 @@ impl Shared {
             consumers,
             consumers_omitted: 0,
         };
-        // A frame holds about 250 consumers with long names: the most lagging stay listed.
-        let fits = |s: &FeedStats| {
-            // The message's tag adds a few bytes to the stats' own.
-            serde_json::to_vec(s).is_ok_and(|b| b.len() + 64 <= ladle_ring::protocol::MAX_FRAME)
-        };
-        if !fits(&stats) {
-            stats.consumers.sort_by_key(|c| std::cmp::Reverse(c.lag));
-            while !fits(&stats) && stats.consumers.pop().is_some() {
-                stats.consumers_omitted += 1;
-            }
-            stats.consumers.sort_by_key(|c| c.id);
-        }
+        stats.fit_frame();
         stats
     }
 

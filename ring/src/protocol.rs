@@ -166,6 +166,24 @@ pub struct FeedStats {
     pub consumers_omitted: u32,
 }
 
+impl FeedStats {
+    /// Leaves consumers out (the least lagging first, counted in `consumers_omitted`) until
+    /// the answer fits in one frame: names are up to 128 characters, escaped, so a full
+    /// producer's list may not.
+    pub fn fit_frame(&mut self) {
+        // The message's tag adds a few bytes to the stats' own.
+        let fits = |s: &Self| serde_json::to_vec(s).is_ok_and(|b| b.len() + 64 <= MAX_FRAME);
+        if fits(self) {
+            return;
+        }
+        self.consumers.sort_by_key(|c| std::cmp::Reverse(c.lag));
+        while !fits(self) && self.consumers.pop().is_some() {
+            self.consumers_omitted += 1;
+        }
+        self.consumers.sort_by_key(|c| c.id);
+    }
+}
+
 /// One live consumer in [`FeedStats`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConsumerInfo {
@@ -394,6 +412,57 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
         drop(b);
         trickle.join().unwrap();
+    }
+
+    #[test]
+    fn stats_of_a_full_producer_with_the_longest_names_still_fit_one_frame() {
+        let worst_name = format!("{:?}", "\u{1}\"".repeat(64)); // every char escaped
+        let consumer = |id: u64| ConsumerInfo {
+            id,
+            name: worst_name.clone(),
+            pid: u32::MAX,
+            batch_size: u32::MAX,
+            connected_s: 1e9,
+            released: u64::MAX,
+            lag: id,
+            attached: true,
+            holding_back_s: Some(1e9),
+            held_back_s: 1e9,
+            rejoins: u32::MAX,
+        };
+        let mut stats = FeedStats {
+            source: "/data".repeat(200),
+            dataset_len: u64::MAX,
+            capacity: u64::MAX,
+            threads: 64,
+            pid: 1,
+            uptime_s: 1e9,
+            cpu_s: 1e9,
+            published: u64::MAX,
+            bad: u64::MAX,
+            occupancy: u64::MAX,
+            joins: u64::MAX,
+            leaves: u64::MAX,
+            let_gos: u64::MAX,
+            consumers: (0..256).map(consumer).collect(),
+            consumers_omitted: 0,
+        };
+        stats.fit_frame();
+        assert!(
+            stats.consumers_omitted > 0,
+            "the test must overflow a frame"
+        );
+        assert_eq!(
+            stats.consumers.len() + stats.consumers_omitted as usize,
+            256
+        );
+        // The most lagging stay, in id order.
+        assert_eq!(stats.consumers.last().map(|c| c.id), Some(255));
+        assert!(stats.consumers.windows(2).all(|w| w[0].id < w[1].id));
+        let (a, b) = UnixStream::pair().unwrap();
+        send(&a, &ServerMessage::Stats(stats.clone()), &[]).unwrap();
+        let (back, _): (ServerMessage, _) = recv(&b).unwrap();
+        assert_eq!(back, ServerMessage::Stats(stats));
     }
 
     #[test]
