@@ -145,13 +145,16 @@ fn ladle_report_names_the_file_and_line_of_a_malformed_csv() {
     let rec = fx.path().join("rec");
     std::fs::create_dir_all(&rec).unwrap();
     std::fs::write(
-        rec.join("feed.csv"),
-        "time,feed,published\n1.0,f,12\n2.0,f,twelve\n",
+        rec.join("gpus.csv"),
+        "time,gpu,name,memory_used_mib,memory_total_mib,utilization,sm_activity,\
+         sm_activity_risk,jobs\n\
+         1.0,0,sim,10,100,0.5,,0.1,1\n\
+         2.0,0,sim,ten,100,0.5,,0.1,1\n",
     )
     .unwrap();
     let report = fx.run(&["report", rec.to_str().unwrap()], GUARD);
     assert!(!report.status.success());
-    assert!(report.stderr.contains("feed.csv:3"), "{}", report.stderr);
+    assert!(report.stderr.contains("gpus.csv:3"), "{}", report.stderr);
 }
 
 #[test]
