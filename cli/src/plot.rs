@@ -45,7 +45,11 @@ pub(crate) fn drawing<E: std::fmt::Display>(e: E) -> anyhow::Error {
 
 /// A white `size` canvas at `path` under `title`. The font is embedded: the chart renders on
 /// machines without system fonts.
-pub(crate) fn canvas<'a>(path: &'a Path, size: (u32, u32), title: &str) -> anyhow::Result<Area<'a>> {
+pub(crate) fn canvas<'a>(
+    path: &'a Path,
+    size: (u32, u32),
+    title: &str,
+) -> anyhow::Result<Area<'a>> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| anyhow!("cannot load the embedded font"))?;
     let root = BitMapBackend::new(path, size).into_drawing_area();
@@ -84,6 +88,7 @@ pub(crate) fn bars(
     chart
         .configure_mesh()
         .disable_x_mesh()
+        .light_line_style(WHITE.mix(0.0))
         .x_label_style(("sans-serif", 15))
         .x_label_formatter(&|x| match x {
             SegmentValue::CenterOf(i) => bars.get(*i).map(|b| b.label.clone()).unwrap_or_default(),
@@ -93,13 +98,17 @@ pub(crate) fn bars(
         .map_err(drawing)?;
     for (i, bar) in bars.iter().enumerate() {
         chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [
-                    (SegmentValue::Exact(i), 0.0),
-                    (SegmentValue::Exact(i + 1), bar.value),
-                ],
-                bar.colour.filled(),
-            )))
+            .draw_series(std::iter::once({
+                let mut rectangle = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(i), 0.0),
+                        (SegmentValue::Exact(i + 1), bar.value),
+                    ],
+                    bar.colour.filled(),
+                );
+                rectangle.set_margin(0, 0, 12, 12);
+                rectangle
+            }))
             .map_err(drawing)?;
         chart
             .draw_series(std::iter::once(Text::new(
@@ -139,7 +148,12 @@ pub(crate) fn lines(
         .fold(y_min_top, f64::max);
     let labelled = lines.iter().filter(|l| l.label.is_some()).count();
     // Room above the lines for the legend.
-    let top = highest * if labelled > 0 { 1.1 + 0.07 * labelled as f64 } else { 1.1 };
+    let top = highest
+        * if labelled > 0 {
+            1.1 + 0.07 * labelled as f64
+        } else {
+            1.1
+        };
     let mut chart = ChartBuilder::on(panel)
         .caption(caption, ("sans-serif", 18))
         .margin(15)
@@ -174,9 +188,9 @@ pub(crate) fn lines(
         .map_err(drawing)?;
         if let Some(label) = &line.label {
             let colour = line.colour;
-            drawn
-                .label(label.as_str())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3)));
+            drawn.label(label.as_str()).legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3))
+            });
         }
     }
     if labelled > 0 {

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use ladle_observe::report::{Cost, FeedReport, RunReport, SweepReport as Report};
 use ladle_producer::{ConsumerStats, Producer};
 use ladle_scheduler::daemon;
 use ladle_scheduler::job::{JobId, JobSpec, JobState};
 use ladle_scheduler::protocol::{self, Request, Response};
-use ladle_observe::report::{Cost, FeedReport, RunReport, SweepReport as Report};
 
 use crate::scheduler::DaemonOptions;
 use crate::serve::FeedOptions;

@@ -273,7 +273,10 @@ pub struct RunSummary {
     pub epochs: f64,
     /// The highest device memory its job was seen to use, MiB (from `jobs.csv`).
     pub peak_gpu_mib: Option<u64>,
-    /// The state its job was last seen in.
+    /// Its job's memory estimate per GPU, MiB (from `jobs.csv`): what was reserved where no
+    /// peak was measured (simulated GPUs).
+    pub estimate_mib: Option<u64>,
+    /// Its job's last state: the sweep's report's when there is one, else the last seen.
     pub state: Option<String>,
 }
 
@@ -335,6 +338,13 @@ impl Summary {
                 *p = (*p).max(peak);
             }
         }
+        // A run that ended between two looks was last seen running: the report knows.
+        let ended: BTreeMap<&str, &str> = recording
+            .report
+            .iter()
+            .flat_map(|r| &r.runs)
+            .map(|r| (r.name.as_str(), r.state.as_str()))
+            .collect();
         let runs = recording
             .consumers_by_name()
             .into_iter()
@@ -359,7 +369,11 @@ impl Summary {
                     },
                     epochs: rows.iter().map(|r| r.epochs).fold(0.0, f64::max),
                     peak_gpu_mib: peak_job.get(name).copied(),
-                    state: last_job.get(name).map(|j| j.state.clone()),
+                    estimate_mib: last_job.get(name).map(|j| j.estimate_mib),
+                    state: ended
+                        .get(name)
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| last_job.get(name).map(|j| j.state.clone())),
                 }
             })
             .collect();
@@ -434,8 +448,11 @@ impl Summary {
                     r.name,
                     r.mean_samples_per_s,
                     r.epochs,
-                    r.peak_gpu_mib
-                        .map_or("-".to_owned(), |m| format!("{m} MiB")),
+                    match (r.peak_gpu_mib, r.estimate_mib) {
+                        (Some(m), _) => format!("{m} MiB"),
+                        (None, Some(e)) => format!("- (estimate {e} MiB)"),
+                        (None, None) => "-".to_owned(),
+                    },
                     r.state.as_deref().unwrap_or("-")
                 ));
             }

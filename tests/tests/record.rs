@@ -13,9 +13,10 @@ const GUARD: Duration = Duration::from_secs(300);
 /// A CSV file's header fields and its rows' fields (a plain split: ladle's names hold no
 /// commas here).
 fn table(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut lines = text.lines().map(|l| l.split(',').map(str::to_owned).collect());
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text
+        .lines()
+        .map(|l| l.split(',').map(str::to_owned).collect());
     let header: Vec<String> = lines.next().unwrap_or_default();
     (header, lines.collect())
 }
@@ -87,7 +88,10 @@ fn a_recorded_sweep_writes_csv_series_that_ladle_report_plots() {
     let (header, rows) = table(&rec.join("gpus.csv"));
     let gpu = column(&header, "gpu");
     for index in ["0", "1"] {
-        assert!(rows.iter().any(|r| r[gpu] == index), "GPU {index}: {rows:?}");
+        assert!(
+            rows.iter().any(|r| r[gpu] == index),
+            "GPU {index}: {rows:?}"
+        );
     }
     for file in ["feed.csv", "scheduler.csv", "jobs.csv", "gpus.csv"] {
         let (header, rows) = table(&rec.join(file));
@@ -114,7 +118,11 @@ fn a_recorded_sweep_writes_csv_series_that_ladle_report_plots() {
         GUARD,
     );
     assert!(!again.status.success());
-    assert!(again.stderr.contains("already holds a recording"), "{}", again.stderr);
+    assert!(
+        again.stderr.contains("already holds a recording"),
+        "{}",
+        again.stderr
+    );
 
     let plots = fx.path().join("plots");
     let report = fx.run(
@@ -133,7 +141,13 @@ fn a_recorded_sweep_writes_csv_series_that_ladle_report_plots() {
         assert!(bytes.len() > 10_000, "{png} is {} bytes", bytes.len());
     }
     let summary = std::fs::read_to_string(plots.join("summary.md")).unwrap();
-    for needle in ["run-00", "run-01", "samples decoded", "CPU-s saved", "sim-gpu-0"] {
+    for needle in [
+        "run-00",
+        "run-01",
+        "samples decoded",
+        "CPU-s saved",
+        "sim-gpu-0",
+    ] {
         assert!(summary.contains(needle), "{needle}: {summary}");
     }
     assert_eq!(report.stdout, summary, "prints what it writes");
@@ -179,7 +193,15 @@ fn a_serve_recording_has_the_feed_and_its_consumers_and_no_gpus() {
     assert!(!rec.join("gpus.csv").exists());
     let report = fx.run(&["report", rec.to_str().unwrap()], GUARD);
     assert!(report.status.success(), "{}", report.stderr);
-    assert!(report.stderr.contains("skipped gpus.png"), "{}", report.stderr);
-    assert!(report.stderr.contains("skipped cost.png"), "{}", report.stderr);
+    assert!(
+        report.stderr.contains("skipped gpus.png"),
+        "{}",
+        report.stderr
+    );
+    assert!(
+        report.stderr.contains("skipped cost.png"),
+        "{}",
+        report.stderr
+    );
     assert!(rec.join("feed.png").exists() && rec.join("runs.png").exists());
 }

@@ -5,7 +5,12 @@ use std::path::Path;
 
 use ladle_observe::report::Recording;
 
+use plotters::style::RGBColor;
+
 use super::{Bar, Line, PRIVATE, SHARED, bars, canvas, colour, lines, present};
+
+/// A limit drawn for every GPU at once.
+const GREY: RGBColor = RGBColor(110, 110, 110);
 
 /// Why a chart was not drawn.
 pub(crate) type Skipped = Option<String>;
@@ -89,6 +94,30 @@ pub(crate) fn gpus(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
     let mut memory = Vec::new();
     let mut activity = Vec::new();
     let mut sm = true;
+    // One grey total when every GPU has the same (the usual case), else one per GPU.
+    let totals: Vec<u64> = by_gpu
+        .values()
+        .flat_map(|rows| rows.iter().map(|r| r.memory_total_mib))
+        .collect();
+    let same_total = totals.windows(2).all(|w| w[0] == w[1]);
+    if let (true, Some(rows)) = (same_total, by_gpu.values().next()) {
+        memory.push(Line {
+            label: Some(
+                if by_gpu.len() > 1 {
+                    "total (each)"
+                } else {
+                    "total"
+                }
+                .to_owned(),
+            ),
+            points: rows
+                .iter()
+                .map(|r| (clock.x(r.time), gib(r.memory_total_mib)))
+                .collect(),
+            colour: GREY,
+            dashed: true,
+        });
+    }
     for (i, (gpu, rows)) in by_gpu.iter().enumerate() {
         let name = format!("GPU {gpu}");
         memory.push(Line {
@@ -100,22 +129,27 @@ pub(crate) fn gpus(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
             colour: colour(i),
             dashed: false,
         });
-        memory.push(Line {
-            label: Some(format!("{name} total")),
-            points: rows
-                .iter()
-                .map(|r| (clock.x(r.time), gib(r.memory_total_mib)))
-                .collect(),
-            colour: colour(i),
-            dashed: true,
-        });
+        if !same_total {
+            memory.push(Line {
+                label: Some(format!("{name} total")),
+                points: rows
+                    .iter()
+                    .map(|r| (clock.x(r.time), gib(r.memory_total_mib)))
+                    .collect(),
+                colour: colour(i),
+                dashed: true,
+            });
+        }
         sm &= rows.iter().any(|r| r.sm_activity.is_some());
         activity.push((name, i, rows));
     }
     let (what, caption) = if sm {
         ("SM activity, %", "SM activity")
     } else {
-        ("utilisation, %", "utilisation (no SM activity from these GPUs)")
+        (
+            "utilisation, %",
+            "utilisation (no SM activity from these GPUs)",
+        )
     };
     let activity: Vec<Line> = activity
         .into_iter()
@@ -138,14 +172,7 @@ pub(crate) fn gpus(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
         .collect();
     let root = canvas(path, (1100, 800), "ladle: GPUs")?;
     let (top, bottom) = root.split_vertically(400);
-    lines(
-        &top,
-        "device memory",
-        clock.axis(),
-        "GiB",
-        0.5,
-        &memory,
-    )?;
+    lines(&top, "device memory", clock.axis(), "GiB", 0.5, &memory)?;
     lines(&bottom, caption, clock.axis(), what, 100.0, &activity)?;
     present(&root, path)?;
     Ok(None)
@@ -241,12 +268,18 @@ pub(crate) fn cost(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
         report.wall_seconds
     );
     let priced = c.dollars.zip(c.private_pipelines_dollars);
-    let root = canvas(path, (if priced.is_some() { 1100 } else { 650 }, 450), &title)?;
+    let root = canvas(
+        path,
+        (if priced.is_some() { 1100 } else { 650 }, 450),
+        &title,
+    )?;
     let cpu = pair(c.cpu_seconds, c.private_pipelines_cpu_seconds);
     if let Some((sweep, private)) = priced {
         let (left, right) = root.split_horizontally(550);
         bars(&left, "CPU core-seconds", &cpu, |v| format!("{v:.1}"))?;
-        bars(&right, "dollars", &pair(sweep, private), |v| format!("${v:.4}"))?;
+        bars(&right, "dollars", &pair(sweep, private), |v| {
+            format!("${v:.4}")
+        })?;
     } else {
         bars(&root, "CPU core-seconds", &cpu, |v| format!("{v:.1}"))?;
     }
