@@ -53,7 +53,7 @@ fn missing(recording: &Recording, file: &str) -> Skipped {
     Some(format!("no {file} in {}", recording.dir.display()))
 }
 
-/// `runs.png`: each consumer's samples/s over time, one line per name.
+/// `runs.png`: each consumer's samples/s over time, one line per name, and its epochs.
 pub(crate) fn runs(recording: &Recording, path: &Path) -> anyhow::Result<Skipped> {
     let by_name = recording.consumers_by_name();
     if by_name.is_empty() {
@@ -76,8 +76,35 @@ pub(crate) fn runs(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
             dashed: false,
         })
         .collect();
-    let root = canvas(path, (1100, 500), "ladle: samples/s of each run")?;
-    lines(&root, "", clock.axis(), "samples/s", 1.0, &series)?;
+    // Lines on top of each other (runs gated by the same feed) part in their progress.
+    let progress: Vec<Line> = by_name
+        .values()
+        .enumerate()
+        .map(|(i, rows)| Line {
+            label: None,
+            points: rows.iter().map(|r| (clock.x(r.time), r.epochs)).collect(),
+            colour: colour(i),
+            dashed: false,
+        })
+        .collect();
+    let root = canvas(path, (1100, 800), "ladle: the runs")?;
+    let (top, bottom) = root.split_vertically(400);
+    lines(
+        &top,
+        "samples/s of each run",
+        clock.axis(),
+        "samples/s",
+        1.0,
+        &series,
+    )?;
+    lines(
+        &bottom,
+        "epochs done",
+        clock.axis(),
+        "epochs",
+        1.0,
+        &progress,
+    )?;
     present(&root, path)?;
     Ok(None)
 }
@@ -189,6 +216,14 @@ pub(crate) fn feed(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
     names.sort_unstable();
     names.dedup();
     let labelled = names.len() > 1;
+    // With one feed, its name on every legend entry is noise.
+    let prefix = |name: &str, what: &str| {
+        if labelled {
+            format!("{name}: {what}")
+        } else {
+            what.to_owned()
+        }
+    };
     let mut rate = Vec::new();
     let mut occupancy = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -205,7 +240,7 @@ pub(crate) fn feed(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
             dashed: false,
         });
         occupancy.push(Line {
-            label: Some(format!("{name}: occupied slots")),
+            label: Some(prefix(name, "occupied slots")),
             points: of
                 .iter()
                 .map(|r| (clock.x(r.time), r.occupancy as f64))
@@ -214,12 +249,12 @@ pub(crate) fn feed(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
             dashed: false,
         });
         occupancy.push(Line {
-            label: Some(format!("{name}: capacity")),
+            label: Some(prefix(name, "capacity")),
             points: of
                 .iter()
                 .map(|r| (clock.x(r.time), r.capacity as f64))
                 .collect(),
-            colour: colour(i),
+            colour: GREY,
             dashed: true,
         });
     }
