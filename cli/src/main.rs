@@ -14,6 +14,7 @@ mod observe;
 mod plot;
 mod progress;
 mod records;
+mod report;
 mod scheduler;
 mod serve;
 mod sim;
@@ -66,6 +67,8 @@ enum Command {
     /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
     /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`.
     Sweep(Box<sweep::SweepArgs>),
+    /// Plot a recorded run: `ladle report DIR` writes PNGs and prints a summary.
+    Report(report::ReportArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -98,6 +101,7 @@ fn main() -> std::process::ExitCode {
         Command::Queue(args) => scheduler::queue(args),
         Command::Cancel(args) => scheduler::cancel(args),
         Command::Logs(args) => scheduler::logs(args),
+        Command::Report(args) => report::run(args),
         Command::Sweep(args) => match sweep::run(*args) {
             Ok(code) => return code,
             Err(e) => Err(e),

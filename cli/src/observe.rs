@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::Args;
 use ladle_observe::{Observer, Sink, Source};
 
@@ -48,5 +48,8 @@ fn metrics_sink(addr: std::net::SocketAddr) -> anyhow::Result<Box<dyn Sink>> {
 
 /// A recorder writing the rows into `dir`.
 fn record_sink(dir: &Path) -> anyhow::Result<Box<dyn Sink>> {
-    bail!("--record {}: not built yet", dir.display())
+    let recorder = ladle_observe::record::Recorder::create(dir)
+        .with_context(|| format!("--record {}", dir.display()))?;
+    tracing::info!("recording once a second into {}", dir.display());
+    Ok(Box::new(recorder))
 }

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use ladle_observe::report::{Cost, FeedReport, RunReport, SweepReport as Report};
 use ladle_producer::{ConsumerStats, Producer};
 use ladle_scheduler::daemon;
 use ladle_scheduler::job::{JobId, JobSpec, JobState};
 use ladle_scheduler::protocol::{self, Request, Response};
-use serde::Serialize;
 
 use crate::scheduler::DaemonOptions;
 use crate::serve::FeedOptions;
@@ -235,58 +235,6 @@ impl LiveView {
         self.drawn = lines.len();
         out
     }
-}
-
-/// The end report (`--json`).
-#[derive(Debug, Serialize)]
-struct Report {
-    runs: Vec<RunReport>,
-    feed: FeedReport,
-    wall_seconds: f64,
-    cpu_seconds: f64,
-    cost: Cost,
-}
-
-#[derive(Debug, Serialize)]
-struct RunReport {
-    name: String,
-    args: Vec<String>,
-    state: String,
-    exit_code: Option<i32>,
-    reason: Option<String>,
-    log: Option<PathBuf>,
-    stderr_log: Option<PathBuf>,
-    seconds: Option<f64>,
-    gpu: Vec<u32>,
-    /// The last lines of a failed run's stderr.
-    last_lines: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct FeedReport {
-    socket: PathBuf,
-    /// The sweep used a feed that was already serving (its counts are then not the sweep's:
-    /// 0 here).
-    reused: bool,
-    samples_published: u64,
-    /// Samples the runs released, summed over runs: what private pipelines would have decoded.
-    samples_consumed: u64,
-    bad_samples: u64,
-    /// CPU time of the sweep process: the feed's decode threads, and the private scheduler.
-    cpu_seconds: f64,
-}
-
-#[derive(Debug, Serialize)]
-struct Cost {
-    /// CPU core-seconds of the feed and every run (the runs' only with a private scheduler,
-    /// whose children they are).
-    cpu_seconds: f64,
-    gpu_hours: f64,
-    dollars: Option<f64>,
-    /// The same runs each with a private pipeline: the runs' own CPU time plus the feed's
-    /// measured decode cost per sample times the samples they consumed.
-    private_pipelines_cpu_seconds: f64,
-    private_pipelines_dollars: Option<f64>,
 }
 
 /// Where the sweep talks to its scheduler.
@@ -671,6 +619,13 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             private_pipelines_dollars: price(private_cpu),
         },
     };
+    if let Some(dir) = &args.observe.record {
+        // Beside the recorded series, for `ladle report`'s cost plot.
+        let path = dir.join(ladle_observe::record::REPORT);
+        if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n") {
+            tracing::error!("cannot write the report into {}: {e}", path.display());
+        }
+    }
     print_report(&report, args.json)?;
     let all_ok = report.runs.iter().all(|r| r.exit_code == Some(0));
     Ok(if all_ok && !stop.load(Ordering::SeqCst) {

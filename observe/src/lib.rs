@@ -35,6 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod record;
+pub mod report;
 pub mod series;
 
 pub use series::{Rates, Rows, SchedulerView, Snapshot};
