@@ -5,8 +5,9 @@
 //! own counters, never counted twice, and a consumer or job that is gone is gone from the
 //! next scrape. Counters end in `_total`, sizes in `_bytes`, times in `_seconds`, ratios are
 //! 0 – 1 (`_ratio`). Labels: `feed`, `consumer` (its name), `consumer_id` (its id in the
-//! producer's logs; names may repeat), `gpu` (NVML index), `job` (job id), `run` (the job's
-//! run name), `state`.
+//! producer's logs; names may repeat), `gpu` (NVML index), `job_id` (the scheduler's job id; not
+//! `job`, which Prometheus sets to the scrape job's name and would rename ours to
+//! `exported_job`), `run` (the job's run name), `state`.
 //!
 //! | metric | labels | meaning |
 //! |---|---|---|
@@ -43,11 +44,11 @@
 //! | `ladle_scheduler_gpu_sm_activity_ratio` | gpu | SM activity; absent where the GPU does not expose it |
 //! | `ladle_scheduler_gpu_sm_activity_risk` | gpu | the scheduler's SM activity risk score, 0 – 1 |
 //! | `ladle_scheduler_gpu_jobs` | gpu | the scheduler's jobs on it |
-//! | `ladle_scheduler_job_state` | job, run, state | 1 for the job's current state, 0 for the others (a state set) |
-//! | `ladle_scheduler_job_memory_estimate_bytes` | job, run | memory estimate per GPU |
-//! | `ladle_scheduler_job_memory_peak_bytes` | job, run | highest device memory observed per GPU; absent until observed |
-//! | `ladle_scheduler_job_attempts_total` | job, run | attempts started |
-//! | `ladle_scheduler_job_oom_retries_total` | job, run | out-of-memory retries |
+//! | `ladle_scheduler_job_state` | job_id, run, state | 1 for the job's current state, 0 for the others (a state set) |
+//! | `ladle_scheduler_job_memory_estimate_bytes` | job_id, run | memory estimate per GPU |
+//! | `ladle_scheduler_job_memory_peak_bytes` | job_id, run | highest device memory observed per GPU; absent until observed |
+//! | `ladle_scheduler_job_attempts_total` | job_id, run | attempts started |
+//! | `ladle_scheduler_job_oom_retries_total` | job_id, run | out-of-memory retries |
 //! | `ladle_observer_errors` | | feeds or scheduler that did not answer at the last look (their series are absent) |
 //! | `ladle_observer_look_timestamp_seconds` | | Unix time of the last look |
 //!
@@ -429,7 +430,7 @@ fn job_rows(b: &mut Builder, rows: &Rows) {
     let attempts = b.counter("scheduler_job_attempts", "Attempts started", None);
     let ooms = b.counter("scheduler_job_oom_retries", "Out-of-memory retries", None);
     for j in &rows.jobs {
-        let l: Labels = vec![("job", j.id.to_string()), ("run", j.name.clone())];
+        let l: Labels = vec![("job_id", j.id.to_string()), ("run", j.name.clone())];
         let known = JOB_STATES.contains(&j.state.as_str());
         let states = JOB_STATES
             .iter()
@@ -693,28 +694,32 @@ mod tests {
             ("ladle_scheduler_gpu_jobs", &[("gpu", "0")], 1.0),
             (
                 "ladle_scheduler_job_state",
-                &[("job", "5"), ("run", "run-00"), ("state", "running")],
+                &[("job_id", "5"), ("run", "run-00"), ("state", "running")],
                 1.0,
             ),
             (
                 "ladle_scheduler_job_state",
-                &[("job", "5"), ("state", "queued")],
+                &[("job_id", "5"), ("state", "queued")],
                 0.0,
             ),
             (
                 "ladle_scheduler_job_memory_estimate_bytes",
-                &[("job", "5")],
+                &[("job_id", "5")],
                 6144.0 * MIB,
             ),
             (
                 "ladle_scheduler_job_memory_peak_bytes",
-                &[("job", "5")],
+                &[("job_id", "5")],
                 5000.0 * MIB,
             ),
-            ("ladle_scheduler_job_attempts_total", &[("job", "5")], 2.0),
+            (
+                "ladle_scheduler_job_attempts_total",
+                &[("job_id", "5")],
+                2.0,
+            ),
             (
                 "ladle_scheduler_job_oom_retries_total",
-                &[("job", "5")],
+                &[("job_id", "5")],
                 1.0,
             ),
             ("ladle_observer_errors", &[], 1.0),
