@@ -90,7 +90,8 @@ fn a_real_prometheus_scrapes_the_feed_and_the_scheduler_and_reads_their_metrics_
     );
     let consumer = fx.consume(16, 100_000, &["--step-ms", "5"]);
 
-    // A scheduler on a simulated GPU, with a job running.
+    // A scheduler on a simulated GPU, with a job running (a bounded sleep: jobs outlive the
+    // scheduler, and a failed test does not leave it behind for long).
     let dir = fx.path().join("sched");
     let dir_s = dir.to_str().unwrap().to_owned();
     let scheduler = fx.spawn(&[
@@ -198,6 +199,8 @@ fn a_real_prometheus_scrapes_the_feed_and_the_scheduler_and_reads_their_metrics_
             break;
         }
         if Instant::now() >= deadline {
+            // The job outlives the scheduler's process group: stop it first.
+            let _ = fx.run(&["cancel", "--dir", &dir_s, &job], GUARD);
             fx.kill_all();
             panic!(
                 "not up or not back from Prometheus: {missing:?}; targets {targets}\n\
