@@ -5,17 +5,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
-use ladle_observe::{Observer, Sink, Source};
+use ladle_observe::http::MetricsServer;
+use ladle_observe::{Latest, Observer, Sink, Source};
 
 /// How often the observer looks.
 pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct ObserveArgs {
-    /// Serve Prometheus metrics at http://ADDR/metrics, on a loopback address (e.g.
-    /// 127.0.0.1:9464; port 0 picks a free one). Off by default.
+    /// Serve Prometheus metrics (OpenMetrics text) at http://ADDR/metrics, on a loopback
+    /// address only: there is no authentication (e.g. 127.0.0.1:9464; port 0 picks a free one,
+    /// printed on stderr). Off by default.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<std::net::SocketAddr>,
     /// Record the same series once a second as CSV files in DIR (pandas and polars read
@@ -41,9 +43,13 @@ impl ObserveArgs {
     }
 }
 
-/// The Prometheus endpoint on `addr`, serving the latest rows.
+/// The Prometheus endpoint on `addr`, serving the latest rows: the sink owns the server, so
+/// it serves as long as the observer runs.
 fn metrics_sink(addr: std::net::SocketAddr) -> anyhow::Result<Box<dyn Sink>> {
-    bail!("--metrics {addr}: not built yet")
+    let server = MetricsServer::start(addr, Latest::default())?;
+    // Tests (and people using port 0) read the port from this line.
+    eprintln!("metrics on http://{}/metrics", server.local_addr());
+    Ok(Box::new(server))
 }
 
 /// A recorder writing the rows into `dir`.

@@ -15,6 +15,11 @@
 //! One conversion ([`Rates`]) turns counters into rates for every view, so the live view,
 //! the metrics and the recorded series agree.
 //!
+//! Modules: [`series`] (snapshots to rows), [`prometheus`] (rows as OpenMetrics text; its doc
+//! lists every metric), [`http`] (the `--metrics` endpoint serving them), [`record`] (the
+//! `--record` CSV files) and [`report`] (reading a recording back and summarising it for
+//! `ladle report`).
+//!
 //! ```
 //! use std::time::Duration;
 //! use ladle_observe::{Latest, Observer, Snapshot, series::unix_now};
@@ -35,6 +40,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod http;
+pub mod prometheus;
 pub mod record;
 pub mod report;
 pub mod series;
