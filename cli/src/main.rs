@@ -18,6 +18,7 @@ mod scheduler;
 mod serve;
 mod sim;
 mod sweep;
+mod top;
 mod usage;
 
 use clap::{Parser, Subcommand};
@@ -66,6 +67,8 @@ enum Command {
     /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
     /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`.
     Sweep(Box<sweep::SweepArgs>),
+    /// Watch the scheduler's GPUs and jobs and every feed's consumers, live: `ladle top`.
+    Top(top::TopArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -102,6 +105,7 @@ fn main() -> std::process::ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
