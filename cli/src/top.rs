@@ -402,7 +402,7 @@ fn draw_gpus(frame: &mut Frame<'_>, area: Rect, rows: &Rows) {
                 )),
                 Cell::from(percent(g.utilization)),
                 Cell::from(g.sm_activity.map_or_else(|| "–".to_owned(), percent)),
-                Cell::from(format!("{:.2}", g.sm_activity_risk)),
+                Cell::from(format!("{:.2}", g.sm_activity_risk.max(0.0))),
                 Cell::from(g.jobs.to_string()),
             ])
         })
@@ -580,8 +580,9 @@ fn bar(share: f64, width: usize) -> String {
     format!("{}{}", "█".repeat(full), "░".repeat(width - full))
 }
 
+/// A share (0 – 1) in whole percent; never `-0%`.
 fn percent(share: f64) -> String {
-    format!("{:.0}%", share * 100.0)
+    format!("{:.0}%", (share * 100.0).max(0.0))
 }
 
 /// MiB as GiB with one decimal.
