@@ -158,7 +158,7 @@ fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
     wait_for(
         "ladle top showing the sweep",
         || shows_the_sweep(&capture()),
-        &capture,
+        capture,
     );
     // Live: a later frame shows more published samples than an earlier one.
     let published = |screen: &str| -> Option<u64> {
@@ -169,7 +169,7 @@ fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
     wait_for(
         "the view refreshing",
         || published(&capture()).is_some_and(|n| n > first),
-        &capture,
+        capture,
     );
     let screen = capture();
     println!("{screen}");
@@ -192,7 +192,7 @@ fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
     wait_for(
         "ladle top quitting on q",
         || std::fs::read_to_string(&status).is_ok_and(|s| s.contains("exit=")),
-        &capture,
+        capture,
     );
     assert_eq!(
         std::fs::read_to_string(&status).unwrap().trim(),
@@ -202,7 +202,7 @@ fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
     wait_for(
         "the tmux session ending with its command",
         || !tmux.run(&["has-session", "-t", "top"]).status.success(),
-        &capture,
+        capture,
     );
 
     fx.signal(sweep, 15);
