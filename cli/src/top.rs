@@ -147,12 +147,20 @@ fn sources(args: &TopArgs) -> anyhow::Result<Sockets> {
         // Named on purpose: watch it, and show that it does not answer.
         (Some(socket), Some(Err(_))) if !feeds.is_empty() && args.dir.dir.is_some() => Some(socket),
         (Some(_), Some(Err(_))) if !feeds.is_empty() => None,
-        (Some(socket), Some(Err(e))) => bail!(
-            "no scheduler answers on {} ({e}): start one with `ladle scheduler` (or `ladle \
-             sweep`), point at its state directory with --dir, or watch a feed with --feed \
-             SOCKET",
-            socket.display()
-        ),
+        (Some(socket), Some(Err(e))) => {
+            // An I/O error names the socket already; the others do not.
+            let e = e.to_string();
+            let on = if e.contains(&*socket.to_string_lossy()) {
+                String::new()
+            } else {
+                format!(" on {}", socket.display())
+            };
+            bail!(
+                "no scheduler answers{on}: {e}. Start one with `ladle scheduler` (or `ladle \
+                 sweep`), point at its state directory with --dir, or watch a feed with --feed \
+                 SOCKET"
+            )
+        }
         _ => None,
     };
     Ok(Sockets {
@@ -402,7 +410,7 @@ fn draw_gpus(frame: &mut Frame<'_>, area: Rect, rows: &Rows) {
                 )),
                 Cell::from(percent(g.utilization)),
                 Cell::from(g.sm_activity.map_or_else(|| "–".to_owned(), percent)),
-                Cell::from(format!("{:.2}", g.sm_activity_risk.max(0.0))),
+                Cell::from(format!("{:.2}", non_negative(g.sm_activity_risk))),
                 Cell::from(g.jobs.to_string()),
             ])
         })
@@ -582,7 +590,13 @@ fn bar(share: f64, width: usize) -> String {
 
 /// A share (0 – 1) in whole percent; never `-0%`.
 fn percent(share: f64) -> String {
-    format!("{:.0}%", (share * 100.0).max(0.0))
+    format!("{:.0}%", non_negative(share * 100.0))
+}
+
+/// `x`, at least +0 (`-0.0` and small negatives print as `0`).
+fn non_negative(x: f64) -> f64 {
+    // `max` may keep -0.0; adding +0.0 turns it into +0.0.
+    x.max(0.0) + 0.0
 }
 
 /// MiB as GiB with one decimal.
@@ -782,6 +796,12 @@ mod tests {
         assert!(text.contains("run-01"), "{text}");
         // The footer is the last line: nothing was cut off.
         assert!(text.trim_end().ends_with("no errors"), "{text}");
+    }
+
+    #[test]
+    fn an_idle_gpu_shows_zero_not_minus_zero() {
+        assert_eq!(percent(-0.0), "0%");
+        assert_eq!(format!("{:.2}", non_negative(-0.0)), "0.00");
     }
 
     #[test]

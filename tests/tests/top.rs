@@ -70,7 +70,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool, context: impl Fn() -> St
 }
 
 #[test]
-fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
+fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
     let Some(tmux) = Tmux::new() else {
         eprintln!("skipped: tmux not installed (scripts/check installs it)");
         return;
@@ -187,6 +187,21 @@ fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
         .unwrap_or_else(|| panic!("no running run-00 job row in\n{screen}"));
     assert!(run_row.contains("sweep-"), "{run_row}");
 
+    // The sweep ends under the view's eyes: its scheduler and feed stop answering, and the
+    // view says so instead of crashing or freezing.
+    fx.signal(sweep, 15);
+    let done = fx.wait(sweep, GUARD);
+    assert!(done.stderr.contains("cancel"), "{}", done.stderr);
+    wait_for(
+        "ladle top reporting the scheduler gone",
+        || {
+            let screen = capture();
+            screen.contains("not answering") && screen.contains("scheduler: ")
+        },
+        capture,
+    );
+    println!("{}", capture());
+
     let sent = tmux.run(&["send-keys", "-t", "top", "q"]);
     assert!(sent.status.success());
     wait_for(
@@ -204,10 +219,6 @@ fn ladle_top_shows_a_live_sweep_under_tmux_and_quits_on_q() {
         || !tmux.run(&["has-session", "-t", "top"]).status.success(),
         capture,
     );
-
-    fx.signal(sweep, 15);
-    let done = fx.wait(sweep, GUARD);
-    assert!(done.stderr.contains("cancel"), "{}", done.stderr);
 }
 
 #[test]
