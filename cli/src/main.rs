@@ -19,6 +19,7 @@ mod scheduler;
 mod serve;
 mod sim;
 mod sweep;
+mod top;
 mod usage;
 
 use clap::{Parser, Subcommand};
@@ -69,6 +70,8 @@ enum Command {
     Sweep(Box<sweep::SweepArgs>),
     /// Plot a recorded run: `ladle report DIR` writes PNGs and prints a summary.
     Report(report::ReportArgs),
+    /// Watch the scheduler's GPUs and jobs and every feed's consumers, live: `ladle top`.
+    Top(top::TopArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -106,6 +109,7 @@ fn main() -> std::process::ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
