@@ -328,6 +328,12 @@ impl Shared {
     fn check_stall(&self, state: &mut State, id: u64, cursor: u64) -> bool {
         let now = Instant::now();
         state.watching = true;
+        // Only the consumer the gate waits on now holds the feed back: a watch left on
+        // another (it was the slowest a moment ago) ends here, or its held-back time would
+        // grow while it reads, and a later watch would start from its old instant.
+        for other in state.members.iter_mut().filter(|m| m.id != id) {
+            other.end_watch(now);
+        }
         let Some(m) = state.members.iter_mut().find(|m| m.id == id) else {
             return false;
         };

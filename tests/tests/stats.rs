@@ -64,14 +64,18 @@ fn stats_name_who_holds_the_feed_back_and_count_let_gos_rejoins_joins_and_leaves
     let both = until(&fx, "both consumers", |s| {
         s.consumers.len() == 2 && s.consumers.iter().all(|c| c.released > 0)
     });
-    let names: Vec<_> = both.consumers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(
-        names,
-        ["\"steady\"", "\"paused\""],
-        "logged names, in id order"
-    );
-    assert_eq!(both.consumers[0].batch_size, 16);
-    assert_eq!(both.consumers[1].pid, fx.pid(stopped));
+    // Listed in id order (the two processes may connect in either order), by logged name.
+    assert!(both.consumers[0].id < both.consumers[1].id);
+    let by_name = |s: &FeedStats, name: &str| {
+        s.consumers
+            .iter()
+            .find(|c| c.name == format!("{name:?}"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no consumer {name:?} in {s:#?}"))
+    };
+    assert_eq!(by_name(&both, "steady").batch_size, 16);
+    assert_eq!(by_name(&both, "paused").pid, fx.pid(stopped));
+    assert_eq!(by_name(&both, "steady").pid, fx.pid(steady));
     assert!(both.occupancy <= both.capacity, "{both:?}");
     fx.signal(stopped, 19); // SIGSTOP
     let held = until(&fx, "the paused consumer holding the feed back", |s| {
@@ -88,11 +92,7 @@ fn stats_name_who_holds_the_feed_back_and_count_let_gos_rejoins_joins_and_leaves
     let let_go = until(&fx, "a let-go after the 2 s stall timeout", |s| {
         s.let_gos == 1
     });
-    let paused = let_go
-        .consumers
-        .iter()
-        .find(|c| c.name == "\"paused\"")
-        .unwrap();
+    let paused = by_name(&let_go, "paused");
     assert!(!paused.attached && paused.lag == 0, "{paused:?}");
     assert!(
         paused.held_back_s >= 1.5,
@@ -104,7 +104,7 @@ fn stats_name_who_holds_the_feed_back_and_count_let_gos_rejoins_joins_and_leaves
     let after = until(&fx, "the paused consumer gone", |s| s.leaves == 1);
     assert_eq!(after.joins, 2);
     assert_eq!(after.consumers.len(), 1);
-    assert!(after.consumers[0].released > both.consumers[0].released);
+    assert!(after.consumers[0].released > by_name(&both, "steady").released);
     let rejoined = done.json_lines();
     assert!(
         rejoined.iter().any(|v| v["rejoins"] == 1),
