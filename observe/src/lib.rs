@@ -171,8 +171,10 @@ impl Observer {
                             sink.tick(&rows);
                         }
                         next += interval;
-                        // Sleep in short steps so that stopping is prompt.
-                        while Instant::now() < next {
+                        // Sleep in short steps so that stopping is prompt; checked after
+                        // every look too, so that looks slower than the interval (a feed
+                        // taking its LOOK_TIMEOUT to not answer) never keep it from stopping.
+                        loop {
                             if stop.load(Ordering::SeqCst) {
                                 for sink in &mut sinks {
                                     sink.finish();
@@ -180,6 +182,9 @@ impl Observer {
                                 return;
                             }
                             let left = next.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                break;
+                            }
                             std::thread::sleep(left.min(Duration::from_millis(50)));
                         }
                         // A look that took longer than the interval does not make the next
@@ -212,5 +217,39 @@ impl Observer {
 impl Drop for Observer {
     fn drop(&mut self) {
         self.shut();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use super::*;
+
+    #[test]
+    fn an_observer_whose_looks_take_longer_than_its_interval_still_stops() {
+        let looks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let source = {
+            let looks = looks.clone();
+            move || {
+                // A feed that takes its time to not answer.
+                std::thread::sleep(Duration::from_millis(30));
+                looks.fetch_add(1, Ordering::SeqCst);
+                Snapshot::default()
+            }
+        };
+        let observer = Observer::start(source, Duration::from_millis(1), Vec::new()).unwrap();
+        while looks.load(Ordering::SeqCst) < 2 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (done, stopped) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            observer.stop();
+            let _ = done.send(());
+        });
+        // A watchdog, not a speed limit: without the fix, stop() never returns.
+        stopped
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the observer did not stop");
     }
 }
