@@ -327,7 +327,7 @@ pub(crate) fn draw(frame: &mut Frame<'_>, state: &ViewState) {
     } else {
         rows.errors
             .iter()
-            .map(|e| Line::from(Span::styled(e.clone(), Style::default().fg(Color::Red))))
+            .map(|e| Line::from(Span::styled(printable(e), Style::default().fg(Color::Red))))
             .collect()
     };
     frame.render_widget(Paragraph::new(footer), take());
@@ -341,13 +341,22 @@ fn header_line(state: &ViewState, rows: Option<&Rows>) -> Line<'static> {
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let mut spans = vec![Span::styled("ladle top", bold)];
     match &state.scheduler {
-        Some(socket) => spans.push(Span::raw(format!("  scheduler {}", socket.display()))),
+        Some(socket) => spans.push(Span::raw(format!(
+            "  scheduler {}",
+            printable(&socket.display().to_string())
+        ))),
         None => spans.push(Span::raw("  no scheduler")),
     }
     if let Some(s) = rows.and_then(|r| r.scheduler.as_ref()) {
         spans.push(Span::raw(format!(
             "  policy {}  queued {}  running {}  done {}  failed {}  admissions {}  OOM retries {}",
-            s.policy, s.queued, s.running, s.succeeded, s.failed, s.admissions, s.oom_retries
+            printable(&s.policy),
+            s.queued,
+            s.running,
+            s.succeeded,
+            s.failed,
+            s.admissions,
+            s.oom_retries
         )));
     } else if state.scheduler.is_some() && rows.is_some() {
         spans.push(Span::styled(
@@ -400,7 +409,7 @@ fn draw_gpus(frame: &mut Frame<'_>, area: Rect, rows: &Rows) {
             };
             Row::new(vec![
                 Cell::from(g.gpu.to_string()),
-                Cell::from(g.name.clone()),
+                Cell::from(printable(&g.name)),
                 Cell::from(format!(
                     "{} {:>3.0}% {}/{}",
                     bar(share, 10),
@@ -460,17 +469,20 @@ fn draw_jobs(frame: &mut Frame<'_>, area: Rect, jobs: &[&JobRow]) {
             };
             Row::new(vec![
                 Cell::from(j.id.to_string()),
-                Cell::from(j.name.clone()),
-                Cell::from(Span::styled(j.state.clone(), Style::default().fg(color))),
+                Cell::from(printable(&j.name)),
+                Cell::from(Span::styled(
+                    printable(&j.state),
+                    Style::default().fg(color),
+                )),
                 Cell::from(if j.gpus.is_empty() {
                     "–".to_owned()
                 } else {
-                    j.gpus.clone()
+                    printable(&j.gpus)
                 }),
                 Cell::from(gib(j.estimate_mib)),
                 Cell::from(j.peak_mib.map_or_else(|| "–".to_owned(), gib)),
                 Cell::from(format!("{} / {}", j.attempts, j.oom_retries)),
-                Cell::from(j.feed.clone()),
+                Cell::from(printable(&j.feed)),
             ])
         })
         .collect();
@@ -517,7 +529,7 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
     };
     let title = format!(
         "Feed {}  published {}  decode {:.0}/s  bad {}  ring {}/{} ({:.0}%)  producer {:.1} cores  consumers {}",
-        feed.feed,
+        printable(&feed.feed),
         feed.published,
         feed.decode_rate,
         feed.bad,
@@ -543,7 +555,7 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
                 Cell::from(held)
             };
             Row::new(vec![
-                Cell::from(c.name.clone()),
+                Cell::from(printable(&c.name)),
                 Cell::from(c.pid.to_string()),
                 Cell::from(c.batch_size.to_string()),
                 Cell::from(format!("{:.2}", c.epochs)),
@@ -602,6 +614,24 @@ fn non_negative(x: f64) -> f64 {
 /// MiB as GiB with one decimal.
 fn gib(mib: u64) -> String {
     format!("{:.1}G", mib as f64 / 1024.0)
+}
+
+/// `text` safe to hand to the terminal: names come from other processes (a consumer names
+/// itself), and a control character drawn as it is (`\x1b[2J`, an OSC title sequence) would
+/// be obeyed by the terminal, not shown. Each is shown escaped instead (`\u{1b}[2J`).
+fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A socket's file name: a feed's name when it is watched with `--feed`.
@@ -802,6 +832,64 @@ mod tests {
     fn an_idle_gpu_shows_zero_not_minus_zero() {
         assert_eq!(percent(-0.0), "0%");
         assert_eq!(format!("{:.2}", non_negative(-0.0)), "0.00");
+    }
+
+    /// Every cell of `state` drawn `width` × `height`.
+    fn cells(state: &ViewState, width: u16, height: u16) -> Vec<String> {
+        let mut terminal = ratatui::Terminal::new(TestBackend::new(width, height)).unwrap();
+        terminal.draw(|frame| draw(frame, state)).unwrap();
+        let buffer = terminal.backend().buffer();
+        buffer
+            .content()
+            .iter()
+            .map(|c| c.symbol().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn control_characters_in_names_are_shown_escaped_never_sent_to_the_terminal() {
+        let evil = "\x1b[2J\x1b]0;pwned\x07run\r\n";
+        let mut rows = rows();
+        rows.consumers[0].name = evil.into();
+        rows.feeds[0].feed = format!("feed{evil}");
+        for c in &mut rows.consumers {
+            c.feed = rows.feeds[0].feed.clone();
+        }
+        rows.jobs[0].name = evil.into();
+        rows.jobs[0].feed = evil.into();
+        rows.gpus[0].name = evil.into();
+        rows.scheduler.as_mut().unwrap().policy = evil.into();
+        rows.errors = vec![format!("feed {evil}: refused")];
+        let mut state = state(rows);
+        state.scheduler = Some(format!("/tmp/{evil}.sock").into());
+        let drawn = cells(&state, 200, 40);
+        let raw: Vec<&String> = drawn
+            .iter()
+            .filter(|s| s.contains(char::is_control))
+            .collect();
+        assert!(raw.is_empty(), "control characters drawn: {raw:?}");
+        let text = drawn.concat();
+        assert!(text.contains("\\u{1b}[2J"), "{text}");
+        let once = render_text(&state, 200);
+        assert!(!once.contains(['\x1b', '\x07', '\r']), "{once:?}");
+    }
+
+    #[test]
+    fn tiny_and_empty_terminals_draw_without_panicking() {
+        let mut many = rows();
+        for id in 10..40 {
+            let mut c = many.consumers[0].clone();
+            c.id = id;
+            many.consumers.push(c);
+        }
+        many.errors = vec!["x".repeat(500); 20];
+        for state in [state(rows()), state(many), ViewState::default()] {
+            for (width, height) in [(20, 5), (1, 1), (0, 0), (3, 40), (300, 2)] {
+                cells(&state, width, height);
+            }
+            render_text(&state, 0);
+            render_text(&state, 1);
+        }
     }
 
     #[test]
