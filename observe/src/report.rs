@@ -3,7 +3,9 @@
 //!
 //! [`Recording::read`] reads each file of a recording (see [`crate::record`]) that is
 //! there: a missing file is `None` (its plot is skipped), a malformed one is a
-//! [`ReportError::Malformed`] naming the file and the line. [`Summary::of`] is what
+//! [`ReportError::Malformed`] naming the file and the line, except a last row cut short (a
+//! recorder killed mid-write: the file does not end with a newline), which is left out.
+//! [`Summary::of`] is what
 //! `ladle report` prints and writes as `summary.md`.
 
 use std::collections::BTreeMap;
@@ -147,11 +149,41 @@ fn read_csv<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<Vec<T>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(ReportError::Io { path, source }),
     };
+    // The recorder ends every row with a newline: a file that does not end with one was cut
+    // short (a recorder killed mid-write, a full disk), and its last row is dropped rather
+    // than failing the whole report or reading a cut number.
+    let cut_short = !ends_with_newline(&file).map_err(|source| ReportError::Io {
+        path: path.clone(),
+        source,
+    })?;
     let mut rows = Vec::new();
-    for row in csv::Reader::from_reader(std::io::BufReader::new(file)).deserialize() {
+    let mut records = csv::Reader::from_reader(std::io::BufReader::new(file))
+        .into_deserialize()
+        .peekable();
+    while let Some(row) = records.next() {
+        if cut_short && records.peek().is_none() {
+            tracing::warn!(
+                "{}: the last row was cut short (a recorder killed while writing?); left out",
+                path.display()
+            );
+            break;
+        }
         rows.push(row.map_err(|e| malformed(&path, &e))?);
     }
     Ok(Some(rows))
+}
+
+/// Whether `file` is empty or its last byte is a newline.
+fn ends_with_newline(mut file: &std::fs::File) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    if file.metadata()?.len() == 0 {
+        return Ok(true);
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0_u8];
+    file.read_exact(&mut last)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(last[0] == b'\n')
 }
 
 fn malformed(path: &Path, e: &csv::Error) -> ReportError {
@@ -500,6 +532,29 @@ mod tests {
         assert_eq!(*line, 3, "{err}");
         let text = err.to_string();
         assert!(text.contains("gpus.csv:3:"), "{text}");
+    }
+
+    #[test]
+    fn a_last_row_cut_short_by_a_killed_recorder_is_left_out_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = "1.0,0,sim,10,100,0.5,,0.1,1\n";
+        // Cut inside a number (it would parse, wrongly, as 10), and cut with fields missing.
+        for cut in ["2.0,0,sim,10", "2.0,0,s"] {
+            std::fs::write(dir.path().join("gpus.csv"), format!("{HEADER}{whole}{cut}")).unwrap();
+            let recording = Recording::read(dir.path()).unwrap();
+            let gpus = recording.gpus.unwrap();
+            assert_eq!(gpus.len(), 1, "{cut}");
+            assert_eq!(gpus[0].time, 1.0);
+        }
+        // Cut in the header, or empty: no rows, no error.
+        for text in ["time,gpu,na", ""] {
+            std::fs::write(dir.path().join("gpus.csv"), text).unwrap();
+            let recording = Recording::read(dir.path()).unwrap();
+            assert_eq!(recording.gpus, Some(Vec::new()), "{text:?}");
+        }
+        // A complete file keeps its last row.
+        std::fs::write(dir.path().join("gpus.csv"), format!("{HEADER}{whole}")).unwrap();
+        assert_eq!(Recording::read(dir.path()).unwrap().gpus.unwrap().len(), 1);
     }
 
     #[test]
