@@ -131,13 +131,51 @@ impl Source for Sockets {
                 }
             }
         }
-        for (name, socket) in feeds {
-            let stats = ladle_ring::protocol::feed_stats(&socket, LOOK_TIMEOUT)
-                .map_err(|e| format!("{}: {e}", socket.display()));
-            snapshot.feeds.push((name, stats));
-        }
+        let feeds = distinct(feeds);
+        // Every feed at once: a look takes one LOOK_TIMEOUT however many feeds do not
+        // answer (a stopped producer's socket accepts and never answers), not one each.
+        snapshot.feeds = std::thread::scope(|scope| {
+            let asked: Vec<_> = feeds
+                .into_iter()
+                .map(|(name, socket)| {
+                    let answer = scope.spawn(move || {
+                        ladle_ring::protocol::feed_stats(&socket, LOOK_TIMEOUT)
+                            .map_err(|e| format!("{}: {e}", socket.display()))
+                    });
+                    (name, answer)
+                })
+                .collect();
+            asked
+                .into_iter()
+                .map(|(name, answer)| {
+                    let stats = answer
+                        .join()
+                        .unwrap_or_else(|_| Err("the look at it panicked".to_owned()));
+                    (name, stats)
+                })
+                .collect()
+        });
         snapshot
     }
+}
+
+/// `feeds` with each socket once and each name once: a socket's second name is dropped, and
+/// a name already taken by another socket becomes that socket's path. Rates, metrics'
+/// label sets and a recording's rows are keyed by name; two feeds of one name would mix.
+fn distinct(feeds: Vec<(String, PathBuf)>) -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = Vec::with_capacity(feeds.len());
+    for (name, socket) in feeds {
+        if out.iter().any(|(_, s)| *s == socket) {
+            continue;
+        }
+        let name = if out.iter().any(|(n, _)| *n == name) {
+            socket.display().to_string()
+        } else {
+            name
+        };
+        out.push((name, socket));
+    }
+    out
 }
 
 /// Looks at a [`Source`] every `interval` on its own thread and hands the rows to sinks.
@@ -225,6 +263,76 @@ mod tests {
     #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
     use super::*;
+
+    #[test]
+    fn feeds_are_watched_once_per_socket_under_distinct_names() {
+        let feeds = distinct(vec![
+            ("feed.sock".into(), "/a/feed.sock".into()),
+            ("feed.sock".into(), "/b/feed.sock".into()),
+            ("again".into(), "/a/feed.sock".into()),
+            ("c".into(), "/c.sock".into()),
+        ]);
+        assert_eq!(
+            feeds,
+            [
+                ("feed.sock".into(), "/a/feed.sock".into()),
+                ("/b/feed.sock".into(), "/b/feed.sock".into()),
+                ("c".into(), "/c.sock".into()),
+            ]
+        );
+    }
+
+    /// Stats as a producer would answer them.
+    fn feed_stats() -> ladle_ring::protocol::FeedStats {
+        ladle_ring::protocol::FeedStats {
+            source: "d".into(),
+            dataset_len: 100,
+            capacity: 64,
+            threads: 2,
+            pid: 7,
+            uptime_s: 1.0,
+            cpu_s: 0.5,
+            published: 10,
+            bad: 0,
+            occupancy: 0,
+            joins: 0,
+            leaves: 0,
+            let_gos: 0,
+            consumers: Vec::new(),
+            consumers_omitted: 0,
+        }
+    }
+
+    #[test]
+    fn every_feed_is_asked_at_once_so_slow_ones_do_not_add_up() {
+        // Feeds that answer only once every one of them has been asked: a look that asks
+        // one after another times out on the first and never sees an answer.
+        const FEEDS: usize = 4;
+        let dir = tempfile::tempdir().unwrap();
+        let asked = Arc::new(std::sync::Barrier::new(FEEDS));
+        let mut sockets = Sockets::default();
+        let mut producers = Vec::new();
+        for k in 0..FEEDS {
+            let path = dir.path().join(format!("f{k}.sock"));
+            let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            sockets.feeds.push((format!("f{k}"), path));
+            let asked = asked.clone();
+            producers.push(std::thread::spawn(move || {
+                let (stream, _) = listener.accept().unwrap();
+                asked.wait();
+                let answer = ladle_ring::protocol::ServerMessage::Stats(feed_stats());
+                ladle_ring::protocol::send(&stream, &answer, &[]).unwrap();
+            }));
+        }
+        let snapshot = sockets.look();
+        assert_eq!(snapshot.feeds.len(), FEEDS);
+        for (name, stats) in &snapshot.feeds {
+            assert!(stats.is_ok(), "{name}: {stats:?}");
+        }
+        for p in producers {
+            p.join().unwrap();
+        }
+    }
 
     #[test]
     fn an_observer_whose_looks_take_longer_than_its_interval_still_stops() {
