@@ -77,7 +77,7 @@ pub(crate) fn bars(
     bars: &[Bar],
     format: impl Fn(f64) -> String,
 ) -> anyhow::Result<()> {
-    let top = bars.iter().map(|b| b.value).fold(0.0, f64::max).max(1e-9) * 1.15;
+    let top = finite_top(bars.iter().map(|b| b.value).fold(0.0, f64::max).max(1e-9) * 1.15);
     let mut chart = ChartBuilder::on(panel)
         .caption(caption, ("sans-serif", 18))
         .margin(20)
@@ -142,18 +142,29 @@ pub(crate) fn lines(
     y_min_top: f64,
     lines: &[Line],
 ) -> anyhow::Result<()> {
+    // A recording is outside input: a value or time that is not finite (a clock that
+    // jumped, an inf in a hand-edited CSV) is left out; plotters hangs on an infinite range.
+    let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
+    let x_range =
+        if x_range.start.is_finite() && x_range.end.is_finite() && x_range.start < x_range.end {
+            x_range
+        } else {
+            0.0..1.0
+        };
     let highest = lines
         .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .flat_map(|l| l.points.iter().filter(finite).map(|p| p.1))
         .fold(y_min_top, f64::max);
     let labelled = lines.iter().filter(|l| l.label.is_some()).count();
     // Room above the lines for the legend.
-    let top = highest
-        * if labelled > 0 {
-            1.1 + 0.07 * labelled as f64
-        } else {
-            1.1
-        };
+    let top = finite_top(
+        highest
+            * if labelled > 0 {
+                1.1 + 0.07 * labelled as f64
+            } else {
+                1.1
+            },
+    );
     let mut chart = ChartBuilder::on(panel)
         .caption(caption, ("sans-serif", 18))
         .margin(15)
@@ -177,13 +188,16 @@ pub(crate) fn lines(
         let style = line.colour.stroke_width(2);
         let drawn = if line.dashed {
             chart.draw_series(DashedLineSeries::new(
-                line.points.iter().copied(),
+                line.points.iter().filter(finite).copied(),
                 8,
                 6,
                 style,
             ))
         } else {
-            chart.draw_series(LineSeries::new(line.points.iter().copied(), style))
+            chart.draw_series(LineSeries::new(
+                line.points.iter().filter(finite).copied(),
+                style,
+            ))
         }
         .map_err(drawing)?;
         if let Some(label) = &line.label {
@@ -204,6 +218,17 @@ pub(crate) fn lines(
             .map_err(drawing)?;
     }
     Ok(())
+}
+
+/// The top of a y axis, finite and positive (plotters hangs on an infinite range).
+fn finite_top(top: f64) -> f64 {
+    if top.is_finite() && top > 0.0 {
+        top
+    } else if top > 0.0 {
+        f64::MAX / 16.0
+    } else {
+        1.0
+    }
 }
 
 /// 1234567 as `1.2M`, 12345 as `12k`, 0.25 as `0.25`: axis labels that fit.

@@ -272,6 +272,8 @@ impl Recording {
             .chain(self.scheduler.iter().flatten().map(|r| r.time))
             .chain(self.gpus.iter().flatten().map(|r| r.time))
             .chain(self.jobs.iter().flatten().map(|r| r.time))
+            // A time that is not a number or infinite (a hand-edited file) is no time.
+            .filter(|t| t.is_finite())
     }
 
     /// Each consumer's rows by name (a run that rejoined is one), in time order.

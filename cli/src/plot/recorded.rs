@@ -321,3 +321,104 @@ pub(crate) fn cost(recording: &Recording, path: &Path) -> anyhow::Result<Skipped
     present(&root, path)?;
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use ladle_observe::series::{ConsumerRow, FeedRow, GpuRow};
+
+    use super::*;
+
+    fn feed_row(time: f64, value: f64) -> FeedRow {
+        FeedRow {
+            time,
+            feed: "f".into(),
+            published: 0,
+            bad: 0,
+            decode_rate: value,
+            occupancy: 0,
+            capacity: 0,
+            consumers: 0,
+            joins: 0,
+            leaves: 0,
+            let_gos: 0,
+            cpu_s: value,
+            cpu_cores: value,
+            dataset_len: 0,
+            threads: 0,
+        }
+    }
+
+    fn consumer(time: f64, value: f64) -> ConsumerRow {
+        ConsumerRow {
+            time,
+            feed: "f".into(),
+            id: 1,
+            name: "run".into(),
+            pid: 1,
+            batch_size: 1,
+            released: 0,
+            epochs: value,
+            samples_per_s: value,
+            lag: 0,
+            attached: true,
+            held_back_s: value,
+            holding_back: false,
+            rejoins: 0,
+        }
+    }
+
+    fn gpu(time: f64, value: f64) -> GpuRow {
+        GpuRow {
+            time,
+            gpu: 0,
+            name: "sim".into(),
+            memory_used_mib: 0,
+            memory_total_mib: 0,
+            utilization: value,
+            sm_activity: Some(value),
+            sm_activity_risk: value,
+            jobs: 0,
+        }
+    }
+
+    #[test]
+    fn degenerate_recordings_draw_or_skip_without_panicking() {
+        let out = tempfile::tempdir().unwrap();
+        let mut cases = vec![Recording::default()];
+        for times in [vec![], vec![5.0], vec![5.0, 5.0], vec![5.0, 6.0]] {
+            for value in [0.0, f64::NAN, f64::INFINITY, -1.0, 1e300, f64::MAX] {
+                cases.push(Recording {
+                    feed: Some(times.iter().map(|&t| feed_row(t, value)).collect()),
+                    consumers: Some(times.iter().map(|&t| consumer(t, value)).collect()),
+                    gpus: Some(times.iter().map(|&t| gpu(t, value)).collect()),
+                    ..Recording::default()
+                });
+            }
+        }
+        // Rows from a clock that jumped: times not a number, infinite, before the start.
+        for time in [f64::NAN, f64::INFINITY, -1e12] {
+            cases.push(Recording {
+                feed: Some(vec![feed_row(1.0, 1.0), feed_row(time, 1.0)]),
+                consumers: Some(vec![consumer(1.0, 1.0), consumer(time, 1.0)]),
+                gpus: Some(vec![gpu(1.0, 0.5), gpu(time, 0.5)]),
+                ..Recording::default()
+            });
+        }
+        for (k, recording) in cases.iter().enumerate() {
+            for (name, chart) in [
+                (
+                    "runs",
+                    runs as fn(&Recording, &Path) -> anyhow::Result<Skipped>,
+                ),
+                ("gpus", gpus),
+                ("feed", feed),
+            ] {
+                let path = out.path().join(format!("{k}-{name}.png"));
+                // Drawn, skipped, or an error: never a panic or a hang.
+                let _ = chart(recording, &path);
+            }
+        }
+    }
+}
