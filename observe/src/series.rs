@@ -239,8 +239,9 @@ impl Rates {
                 ),
                 occupancy: stats.occupancy,
                 capacity: stats.capacity,
-                consumers: u32::try_from(stats.consumers.len()).unwrap_or(u32::MAX)
-                    + stats.consumers_omitted,
+                consumers: u32::try_from(stats.consumers.len())
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(stats.consumers_omitted),
                 joins: stats.joins,
                 leaves: stats.leaves,
                 let_gos: stats.let_gos,
@@ -438,6 +439,18 @@ mod tests {
         let third = rates.rows(&look(restarted));
         assert_eq!(third.feeds[0].decode_rate, 0.0);
         assert_eq!(third.consumers[0].samples_per_s, 0.0);
+    }
+
+    #[test]
+    fn counts_from_a_garbled_answer_saturate_rather_than_overflow() {
+        let mut garbled = stats(1.0, 10, 5);
+        garbled.consumers_omitted = u32::MAX;
+        let rows = Rates::default().rows(&Snapshot {
+            time: 1.0,
+            feeds: vec![("f".into(), Ok(garbled))],
+            scheduler: None,
+        });
+        assert_eq!(rows.feeds[0].consumers, u32::MAX);
     }
 
     #[test]
