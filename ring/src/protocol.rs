@@ -220,11 +220,14 @@ pub fn feed_stats(
     socket: &std::path::Path,
     timeout: std::time::Duration,
 ) -> Result<FeedStats, ProtocolError> {
-    let sock = UnixStream::connect(socket).map_err(ProtocolError::Io)?;
+    // One deadline for all of it: a stopped producer (its listen queue full) must not hold a
+    // look longer than `timeout`, even at connect.
+    let deadline = Instant::now() + timeout;
+    let sock = sys::connect_by(socket, deadline).map_err(ProtocolError::Io)?;
     sock.set_write_timeout(Some(timeout))
         .map_err(ProtocolError::Io)?;
     send(&sock, &ClientMessage::Stats, &[])?;
-    match recv_by::<ServerMessage>(&sock, Instant::now() + timeout)? {
+    match recv_by::<ServerMessage>(&sock, deadline)? {
         (ServerMessage::Stats(stats), _) => Ok(stats),
         (ServerMessage::Reject { reason }, _) => Err(ProtocolError::Malformed(format!(
             "the producer refused the stats request: {reason}"
@@ -463,6 +466,54 @@ mod tests {
         send(&a, &ServerMessage::Stats(stats.clone()), &[]).unwrap();
         let (back, _): (ServerMessage, _) = recv(&b).unwrap();
         assert_eq!(back, ServerMessage::Stats(stats));
+    }
+
+    #[test]
+    fn stats_from_a_stopped_producer_whose_queue_is_full_give_up_at_the_deadline() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stopped.sock");
+        // A listener that never accepts, with the shortest queue: what a SIGSTOPped
+        // producer looks like once a few peers have knocked.
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 0).unwrap();
+        let mut queued = Vec::new();
+        loop {
+            let fd = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::STREAM,
+                SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+                None,
+            )
+            .unwrap();
+            match rustix::net::connect(&fd, &SocketAddrUnix::new(&path).unwrap()) {
+                Ok(()) => queued.push(fd),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(queued.len() < 10_000, "the queue never filled");
+        }
+        // (A blocking connect here would wait for ever; the deadline is a hang guard for
+        // the test, not a timing assertion.)
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(feed_stats(&path, std::time::Duration::from_millis(200)));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("feed_stats hung on a full queue");
+        assert!(
+            matches!(&got, Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut),
+            "{got:?}"
+        );
+        drop(listener);
     }
 
     #[test]

@@ -224,6 +224,41 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
     Ok((msg.bytes, fds))
 }
 
+/// Connects to the Unix stream socket at `path`, giving up with `TimedOut` at `deadline`. A
+/// blocking `connect` waits as long as the listener's queue is full, which is for ever when the
+/// process behind it is stopped (SIGSTOP, a debugger): this one connects without blocking and
+/// tries again until the deadline. The stream it returns is blocking.
+pub fn connect_by(
+    path: &std::path::Path,
+    deadline: std::time::Instant,
+) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr = SocketAddrUnix::new(path)?;
+    loop {
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => {
+                let stream = std::os::unix::net::UnixStream::from(fd);
+                stream.set_nonblocking(false)?;
+                return Ok(stream);
+            }
+            // The listener's queue is full (a Unix socket's connect never says EINPROGRESS).
+            Err(io::Errno::AGAIN | io::Errno::INTR) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
 pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
     Ok(rustix::net::sockopt::socket_peercred(sock)?.uid.as_raw())
