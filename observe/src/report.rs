@@ -447,6 +447,11 @@ impl Summary {
 
     /// The summary as Markdown (`summary.md`; also what `ladle report` prints).
     pub fn markdown(&self, recording: &Recording) -> String {
+        /// Text for one table cell: a `|` or a line break in a name would end the cell or
+        /// the row.
+        fn cell(text: &str) -> String {
+            text.replace('|', "\\|").replace(['\n', '\r'], " ")
+        }
         let mut out = String::from("# ladle recording\n\n");
         out.push_str(&format!("- directory: `{}`\n", recording.dir.display()));
         if let Some(meta) = &recording.meta {
@@ -474,12 +479,16 @@ impl Summary {
             ));
         }
         if !self.runs.is_empty() {
-            out.push_str("\n| run | mean samples/s | epochs | peak GPU memory | state |\n");
+            // Epochs as the last look saw them: a run that ends between two looks shows a
+            // little less than it read (its own log has the exact count).
+            out.push_str(
+                "\n| run | mean samples/s | epochs (last look) | peak GPU memory | state |\n",
+            );
             out.push_str("|---|---:|---:|---:|---|\n");
             for r in &self.runs {
                 out.push_str(&format!(
                     "| {} | {:.0} | {:.2} | {} | {} |\n",
-                    r.name,
+                    cell(&r.name),
                     r.mean_samples_per_s,
                     r.epochs,
                     match (r.peak_gpu_mib, r.estimate_mib) {
@@ -487,7 +496,7 @@ impl Summary {
                         (None, Some(e)) => format!("- (estimate {e} MiB)"),
                         (None, None) => "-".to_owned(),
                     },
-                    r.state.as_deref().unwrap_or("-")
+                    cell(r.state.as_deref().unwrap_or("-"))
                 ));
             }
         }
@@ -498,7 +507,7 @@ impl Summary {
                 out.push_str(&format!(
                     "| {} | {} | {} MiB | {} MiB | {:.0} % |\n",
                     g.gpu,
-                    g.name,
+                    cell(&g.name),
                     g.peak_memory_mib,
                     g.memory_total_mib,
                     g.mean_activity * 100.0
@@ -557,6 +566,32 @@ mod tests {
         // A complete file keeps its last row.
         std::fs::write(dir.path().join("gpus.csv"), format!("{HEADER}{whole}")).unwrap();
         assert_eq!(Recording::read(dir.path()).unwrap().gpus.unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_name_with_a_bar_or_a_line_break_stays_in_its_table_cell() {
+        let summary = Summary {
+            duration_s: 1.0,
+            samples_decoded: 1,
+            mean_decode_rate: 1.0,
+            runs: vec![RunSummary {
+                name: "run|x\n| evil | row |".into(),
+                mean_samples_per_s: 1.0,
+                epochs: 1.0,
+                peak_gpu_mib: None,
+                estimate_mib: None,
+                state: Some("failed|\r\n".into()),
+            }],
+            gpus: Vec::new(),
+            cpu_seconds: None,
+            dollars: None,
+        };
+        let text = summary.markdown(&Recording::default());
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("| run")).collect();
+        assert_eq!(rows.len(), 2, "{text}"); // the header and the one run
+        // Unescaped bars: 6 per row of 5 cells.
+        let bars = rows[1].replace("\\|", "").matches('|').count();
+        assert_eq!(bars, 6, "{}", rows[1]);
     }
 
     #[test]
