@@ -275,3 +275,30 @@ impl Drop for Fixture {
         self.kill_all();
     }
 }
+
+/// `ladle sweep` of 32×32 crops of `data` in a 2 MiB ring, on 2 simulated GPUs, with a
+/// private scheduler under `out` and no settle time: what the tests that watch a sweep share.
+/// Append the test's own options, then `--` and the run command.
+pub fn sim_sweep(data: &Path, out: &Path) -> Vec<String> {
+    let (data, out) = (data.to_str().unwrap(), out.to_str().unwrap());
+    [
+        "sweep",
+        "--dataset",
+        data,
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--gpu",
+        "sim",
+        "--sim-gpus",
+        "2",
+        "--settle-s",
+        "0",
+        "--private-scheduler",
+        "--out",
+        out,
+    ]
+    .map(String::from)
+    .to_vec()
+}

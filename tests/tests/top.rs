@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use ladle_tests::{Fixture, ladle_bin};
+use ladle_tests::{Fixture, ladle_bin, sim_sweep};
 
 /// Deadlock guard for each wait (not a speed assertion).
 const GUARD: Duration = Duration::from_secs(120);
@@ -80,33 +80,25 @@ fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
     let out = fx.path().join("sweep");
     let ladle = ladle_bin().to_str().unwrap();
     // Runs that go on until cancelled, stepping slowly enough to be watched.
-    let sweep = fx.spawn(&[
-        "sweep",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--image-size",
-        "32",
-        "--ring-mib",
-        "2",
-        "--gpu",
-        "sim",
-        "--sim-gpus",
-        "2",
-        "--settle-s",
-        "0",
-        "--private-scheduler",
-        "--out",
-        out.to_str().unwrap(),
-        "--",
-        ladle,
-        "consume",
-        "--batch-size",
-        "{16,32}",
-        "--epochs",
-        "100000",
-        "--step-ms",
-        "10",
-    ]);
+    let base = sim_sweep(&data, &out);
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let sweep = fx.spawn(
+        &[
+            &base[..],
+            &[
+                "--",
+                ladle,
+                "consume",
+                "--batch-size",
+                "{16,32}",
+                "--epochs",
+                "100000",
+                "--step-ms",
+                "10",
+            ],
+        ]
+        .concat(),
+    );
     let dir: PathBuf = out.join("scheduler");
     wait_for(
         "the sweep's scheduler answering",
