@@ -132,7 +132,6 @@ pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
     )
 }
 
-/// How often a named feed registers again with the scheduler.
 /// The feed's name in metrics and records: its `--name`, else its socket's file name.
 fn feed_label(args: &ServeArgs) -> String {
     args.name.clone().unwrap_or_else(|| {
@@ -142,6 +141,7 @@ fn feed_label(args: &ServeArgs) -> String {
     })
 }
 
+/// How often a named feed registers again with the scheduler.
 const REREGISTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {

@@ -286,7 +286,6 @@ impl Shared {
     pub(crate) fn remove(&self, id: u64, why: &str) {
         let mut state = self.lock();
         if let Some(m) = self.forget(&mut state, id) {
-            self.leaves.fetch_add(1, Ordering::Relaxed);
             tracing::info!(consumer = m.id, name = %m.name, "consumer left ({why})");
         }
         drop(state);
@@ -297,6 +296,7 @@ impl Shared {
     fn forget(&self, state: &mut State, id: u64) -> Option<Member> {
         let at = state.members.iter().position(|m| m.id == id)?;
         let m = state.members.swap_remove(at);
+        self.leaves.fetch_add(1, Ordering::Relaxed);
         state.readers.detach(id);
         if m.attached {
             state.cuts.remove(m.start % self.info.len);
@@ -315,7 +315,6 @@ impl Shared {
     /// connection; nobody else is affected.
     pub(crate) fn detach(&self, state: &mut State, id: u64, reason: &str) {
         if let Some(m) = self.forget(state, id) {
-            self.leaves.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(consumer = m.id, name = %m.name, "consumer detached: {reason}");
             let reason = reason.to_owned();
             let _ = ladle_ring::protocol::send(&m.socket, &ServerMessage::Detached { reason }, &[]);
@@ -390,7 +389,8 @@ impl Shared {
         true
     }
 
-    /// How the feed is doing (see [`FeedStats`]), its consumer list cut to fit one frame.
+    /// How the feed is doing (see [`FeedStats`]); every consumer listed (the control server
+    /// cuts the list to fit a frame).
     pub(crate) fn stats(&self) -> FeedStats {
         let now = Instant::now();
         let head = self.published.load(Ordering::Relaxed);
@@ -431,7 +431,7 @@ impl Shared {
             .unwrap_or(0)
             .min(capacity);
         let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-        let mut stats = FeedStats {
+        FeedStats {
             source: self.info.source.clone(),
             dataset_len: self.info.len,
             capacity,
@@ -447,9 +447,7 @@ impl Shared {
             let_gos: self.let_gos.load(Ordering::Relaxed),
             consumers,
             consumers_omitted: 0,
-        };
-        stats.fit_frame();
-        stats
+        }
     }
 
     /// Forgets every watch: the feed is not held back.
@@ -677,17 +675,16 @@ impl Producer {
     /// Every connected consumer: its name, what it has released, whether it holds the feed
     /// back and for how long (what a sweep's live view shows).
     pub fn consumer_stats(&self) -> Vec<ConsumerStats> {
-        let now = Instant::now();
         self.shared
-            .lock()
-            .members
-            .iter()
-            .map(|m| ConsumerStats {
-                id: m.id,
-                name: m.name.clone(),
-                released: m.released(),
-                attached: m.attached,
-                holding_back: m.watch.map(|w| now.duration_since(w.since)),
+            .stats()
+            .consumers
+            .into_iter()
+            .map(|c| ConsumerStats {
+                id: c.id,
+                name: c.name,
+                released: c.released,
+                attached: c.attached,
+                holding_back: c.holding_back_s.map(Duration::from_secs_f64),
             })
             .collect()
     }

@@ -200,7 +200,9 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     let hello = match protocol::recv_by::<ClientMessage>(conn, Instant::now() + HELLO_TIMEOUT) {
         Ok((ClientMessage::Hello(hello), _)) => hello,
         Ok((ClientMessage::Stats, _)) => {
-            let stats = ServerMessage::Stats(shared.stats());
+            let mut stats = shared.stats();
+            stats.fit_frame();
+            let stats = ServerMessage::Stats(stats);
             return match protocol::send(conn, &stats, &[]) {
                 Ok(()) => Err(Refusal::Answered),
                 Err(e) => Err(format!("cannot send stats: {e}").into()),

@@ -907,16 +907,16 @@ impl State {
                 .gpus
                 .iter()
                 .enumerate()
-                .map(|(i, info)| GpuView {
-                    info: info.clone(),
-                    memory_used_mib: self.windows[i]
-                        .last
-                        .as_ref()
-                        .map_or(0, |s| s.memory_used_mib),
-                    sm_activity_risk: self.windows[i].risk().sm_activity,
-                    utilization: self.windows[i].last.as_ref().map_or(0.0, |s| s.utilization),
-                    sm_activity: self.windows[i].last.as_ref().and_then(|s| s.sm_activity),
-                    jobs: counts[i],
+                .map(|(i, info)| {
+                    let last = self.windows[i].last.as_ref();
+                    GpuView {
+                        info: info.clone(),
+                        memory_used_mib: last.map_or(0, |s| s.memory_used_mib),
+                        sm_activity_risk: self.windows[i].risk().sm_activity,
+                        utilization: last.map_or(0.0, |s| s.utilization),
+                        sm_activity: last.and_then(|s| s.sm_activity),
+                        jobs: counts[i],
+                    }
                 })
                 .collect(),
         }

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ladle_tests::{Fixture, ladle_bin};
+use ladle_tests::{Fixture, ladle_bin, sim_sweep};
 use serde_json::Value;
 
 const GUARD: Duration = Duration::from_secs(300);
@@ -114,31 +114,25 @@ fn sigterm_mid_sweep_cancels_every_run_and_leaves_nothing_behind() {
     let data = fx.dataset(100, 80, 60);
     let out = fx.path().join("sweep");
     let ladle = ladle_bin().to_str().unwrap();
-    let sweep = fx.spawn(&[
-        "sweep",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--image-size",
-        "32",
-        "--ring-mib",
-        "2",
-        "--gpu",
-        "sim",
-        "--settle-s",
-        "0",
-        "--private-scheduler",
-        "--out",
-        out.to_str().unwrap(),
-        "--",
-        ladle,
-        "consume",
-        "--batch-size",
-        "{16,32}",
-        "--epochs",
-        "100000",
-        "--step-ms",
-        "10",
-    ]);
+    let base = sim_sweep(&data, &out);
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let sweep = fx.spawn(
+        &[
+            &base[..],
+            &[
+                "--",
+                ladle,
+                "consume",
+                "--batch-size",
+                "{16,32}",
+                "--epochs",
+                "100000",
+                "--step-ms",
+                "10",
+            ],
+        ]
+        .concat(),
+    );
     let socket = out.join("feed.sock");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while processes_of(&socket).len() < 2 {
