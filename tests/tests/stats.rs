@@ -145,3 +145,45 @@ fn a_joined_consumer_that_asks_for_stats_is_let_go_of_and_the_feed_goes_on() {
     fx.signal(serve, 15);
     fx.wait(serve, GUARD);
 }
+
+#[test]
+fn stats_of_many_consumers_with_the_longest_hostile_names_still_come_back_in_one_frame() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(64, 24, 24);
+    let serve = fx.serve(&data, &["--image-size", "16", "--ring-mib", "1"]);
+    // 128 control characters, each logged as a 6-byte escape: 80 such names are far more
+    // than one 64 KiB frame holds.
+    let name = "\u{1}".repeat(128);
+    let mut joined = Vec::new();
+    for _ in 0..80 {
+        let conn = UnixStream::connect(fx.socket()).unwrap();
+        let hello = ClientMessage::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            batch_size: 8,
+            drop_last: false,
+            name: name.clone(),
+            pid: std::process::id(),
+        });
+        protocol::send(&conn, &hello, &[]).unwrap();
+        let (welcome, _fds) = protocol::recv::<ServerMessage>(&conn).unwrap();
+        assert!(matches!(welcome, ServerMessage::Welcome(_)));
+        joined.push(conn); // the fds go; the connection (the membership) stays
+    }
+    let s = until(&fx, "all 80 counted", |s| s.joins == 80);
+    assert!(
+        s.consumers_omitted > 0,
+        "the list must have been cut: {}",
+        s.consumers.len()
+    );
+    assert_eq!(s.consumers.len() + s.consumers_omitted as usize, 80);
+    assert!(
+        s.consumers.iter().all(|c| c.name.len() > 128),
+        "names kept whole"
+    );
+    drop(joined);
+    until(&fx, "all 80 gone", |s| {
+        s.leaves == 80 && s.consumers.is_empty()
+    });
+    fx.signal(serve, 15);
+    fx.wait(serve, GUARD);
+}
