@@ -19,7 +19,11 @@
 //!   ([`ProducerConfig::stall_timeout`], 10 s by default: a paused, evaluating or stopped
 //!   run) is *let go*: the feed goes on without it, it is told before it can hand out a batch
 //!   from an overwritten slot, and when it resumes the SDK rejoins and still delivers its
-//!   epoch exactly. Who holds the feed back, and for how long, is logged.
+//!   epoch exactly. Who holds the feed back, and for how long, is logged and counted.
+//! - How the feed is doing ([`Producer::stats`], [`FeedStats`]: counters, ring occupancy,
+//!   each consumer's lag, the seconds it held the feed back, its rejoins) is what `ladle
+//!   top`, `--metrics` and `--record` show; a `Stats` message instead of `Hello` on the socket
+//!   gets the same answer (the list cut to fit one frame).
 //! - The control server ([`server`]) binds the socket with mode 0600, refuses peers of another
 //!   uid (`SO_PEERCRED`), and treats EOF as a leave: a consumer that exits, crashes or is
 //!   killed with `SIGKILL` is dropped at once and its hold on the ring released.
