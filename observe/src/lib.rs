@@ -123,11 +123,8 @@ impl Source for Sockets {
                 if let Ok(Response::Feeds { feeds: known, .. }) =
                     sched::request(socket, &Request::Feeds, LOOK_TIMEOUT)
                 {
-                    for f in known {
-                        if !feeds.iter().any(|(_, s)| *s == f.socket) {
-                            feeds.push((f.name, f.socket));
-                        }
-                    }
+                    // (A feed also given by socket is dropped by `distinct` below.)
+                    feeds.extend(known.into_iter().map(|f| (f.name, f.socket)));
                 }
             }
         }
