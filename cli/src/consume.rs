@@ -185,8 +185,12 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         };
         for batch in epoch {
             let batch = batch.with_context(|| format!("reading epoch {number}"))?;
-            let received = if args.check_held { digest(&batch) } else { 0 };
+            // Indices first, as soon as the batch is handed out: a batch is a view of the
+            // ring, and a process stopped while it reads (hashing the images takes
+            // milliseconds) past the stall timeout may find its slots overwritten after the
+            // let-go (`is_intact` then says so). The SDK marks them seen at the same moment.
             coverage.add(batch.indices());
+            let received = if args.check_held { digest(&batch) } else { 0 };
             bad += batch.bad_count() as u64;
             batches += 1;
             if !step.is_zero() {
