@@ -62,6 +62,7 @@
 //! started and ended; the daemon starting and stopping. `debug`: rejected client frames.
 
 pub mod daemon;
+pub mod estimate;
 pub mod job;
 pub mod journal;
 pub mod mps;

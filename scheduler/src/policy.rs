@@ -47,6 +47,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::estimate::Basis;
 use crate::telemetry::{GpuInfo, GpuWindows, Risk};
 
 /// Most MPS clients one GPU takes (the limit of MPS on Volta and newer).
@@ -286,6 +287,11 @@ pub struct Pending {
     pub id: u64,
     /// Device memory it will need per GPU, MiB.
     pub estimate_mib: u64,
+    /// Where `estimate_mib` comes from: no memory limit is derived from a
+    /// [`Basis::Guess`].
+    pub basis: Basis,
+    /// Its family ([`crate::estimate::family_key`] or `--family`).
+    pub family: String,
     /// GPUs it needs.
     pub gpus: u32,
     /// It must run alone (an out-of-memory retry).

@@ -1,0 +1,168 @@
+//! Memory estimates and where they come from: measure, then pack.
+//!
+//! A job's device-memory estimate has a [`Basis`]:
+//! - [`Basis::Declared`]: the user stated it (`--gpu-mem`); trusted, and a per-job MPS limit
+//!   may be derived from it;
+//! - [`Basis::Measured`]: a member of the job's **family** ran and its peak was seen on the
+//!   GPU; the estimate is [`crate::job::learned_estimate`] of the largest such peak;
+//! - [`Basis::Guess`]: nothing is known; the number is the scheduler's default and is used
+//!   for reservations only. **No memory limit is ever derived from a guess**: a guess that
+//!   is too small must not kill the job that did not declare.
+//!
+//! A family is the same command up to its arguments' values ([`family_key`]) or what the
+//! user names with `--family`: the runs of one sweep (`train.py --lr {0.1,0.01}`) share one,
+//! so the first run measured packs the rest. Estimates are learned per family
+//! ([`Families`]), not per exact command line.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::learned_estimate;
+
+/// Where an estimate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// Stated by the user.
+    Declared,
+    /// Learned from a peak seen on the GPU (this job's family).
+    Measured,
+    /// The scheduler's default: nothing is known.
+    #[default]
+    Guess,
+}
+
+impl Basis {
+    /// Whether a memory limit may be derived from an estimate of this basis (declared or
+    /// measured, never a guess).
+    pub fn may_cap(self) -> bool {
+        !matches!(self, Self::Guess)
+    }
+}
+
+/// An estimate and its basis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Device memory per GPU, MiB.
+    pub mib: u64,
+    /// Where the number comes from.
+    pub basis: Basis,
+}
+
+/// The family of a command: the same program and flags, with every argument *value*
+/// replaced by `*`. A value is a token that follows a flag (`--lr 0.1`), the part after `=`
+/// of a flag (`--lr=0.1`), or a token that reads as a number (`0.1`, `-3`, `1e-4`). The
+/// program, flags and other words (script names, subcommands) are kept, so
+/// `python train.py --lr 0.1 --batch-size 64` and `python train.py --lr 0.01 --batch-size
+/// 128` share the family `python train.py --lr * --batch-size *`.
+pub fn family_key(command: &[String]) -> String {
+    let mut out: Vec<String> = Vec::with_capacity(command.len());
+    let mut after_flag = false;
+    for (i, token) in command.iter().enumerate() {
+        let number = token.parse::<f64>().is_ok();
+        let flag = i > 0 && token.starts_with('-') && !number;
+        if flag {
+            match token.split_once('=') {
+                Some((name, _)) => {
+                    out.push(format!("{name}=*"));
+                    after_flag = false;
+                }
+                None => {
+                    out.push(token.clone());
+                    after_flag = true;
+                }
+            }
+        } else if i > 0 && (after_flag || number) {
+            out.push("*".to_owned());
+            after_flag = false;
+        } else {
+            out.push(token.clone());
+            after_flag = false;
+        }
+    }
+    out.join(" ")
+}
+
+/// Peaks learned per family.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Families {
+    peaks: BTreeMap<String, u64>,
+}
+
+impl Families {
+    /// No family measured yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that a member of `family` peaked at `peak_mib` per GPU; the family keeps the
+    /// largest peak seen (its members differ in arguments, and the largest is the safe one).
+    pub fn observe(&mut self, family: &str, peak_mib: u64) {
+        let peak = self.peaks.entry(family.to_owned()).or_insert(0);
+        *peak = (*peak).max(peak_mib);
+    }
+
+    /// The largest peak seen for `family`, MiB.
+    pub fn peak(&self, family: &str) -> Option<u64> {
+        self.peaks.get(family).copied()
+    }
+
+    /// The estimate of a job of `family`: what it declares, else the family's measured
+    /// peak (×1.1), else `guess_mib` as a [`Basis::Guess`].
+    pub fn estimate(&self, family: &str, declared_mib: Option<u64>, guess_mib: u64) -> Estimate {
+        match (declared_mib, self.peak(family)) {
+            (Some(mib), _) => Estimate {
+                mib,
+                basis: Basis::Declared,
+            },
+            (None, Some(peak)) => Estimate {
+                mib: learned_estimate(peak),
+                basis: Basis::Measured,
+            },
+            (None, None) => Estimate {
+                mib: guess_mib,
+                basis: Basis::Guess,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(s: &str) -> Vec<String> {
+        s.split(' ').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn runs_of_one_sweep_share_a_family_and_other_programs_do_not() {
+        let a = family_key(&cmd("python train.py --lr 0.1 --batch-size 64"));
+        let b = family_key(&cmd("python train.py --lr 0.01 --batch-size 128"));
+        assert_eq!(a, b);
+        assert_eq!(a, "python train.py --lr * --batch-size *");
+        assert_ne!(a, family_key(&cmd("python eval.py --lr 0.1 --batch-size 64")));
+        assert_eq!(
+            family_key(&cmd("ladle consume --epochs=2 --step-ms 10")),
+            family_key(&cmd("ladle consume --epochs=4 --step-ms 20"))
+        );
+        assert_eq!(family_key(&cmd("train -3 1e-4")), "train * *");
+        // A flag that takes no value is kept as a flag; the word after it counts as its value.
+        assert_eq!(family_key(&cmd("train --amp resnet")), "train --amp *");
+    }
+
+    #[test]
+    fn a_declared_estimate_wins_then_the_family_peak_then_the_guess() {
+        let mut f = Families::new();
+        assert_eq!(f.estimate("x", None, 4096).basis, Basis::Guess);
+        assert!(!f.estimate("x", None, 4096).basis.may_cap());
+        f.observe("x", 10_000);
+        f.observe("x", 9_000);
+        let e = f.estimate("x", None, 4096);
+        assert_eq!((e.mib, e.basis), (11_000, Basis::Measured));
+        assert!(e.basis.may_cap());
+        assert_eq!(f.estimate("x", Some(2048), 4096).basis, Basis::Declared);
+        assert_eq!(f.estimate("y", None, 4096).mib, 4096);
+    }
+}
