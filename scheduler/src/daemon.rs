@@ -1211,6 +1211,7 @@ impl State {
                 gpus: j.spec.gpus,
                 exclusive: j.exclusive,
                 feed: j.spec.feed.clone(),
+                ..Pending::default()
             })
             .collect();
         let placements = self.engine.admit(now, &pending, &mut states);

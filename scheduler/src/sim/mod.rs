@@ -502,6 +502,7 @@ fn replay(
                 gpus: trace[q.job].gpus,
                 exclusive: q.exclusive,
                 feed: trace[q.job].feed.clone(),
+                ..Pending::default()
             })
             .collect();
         let placements = engine.admit(t, &pending, &mut states);
