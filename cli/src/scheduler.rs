@@ -188,11 +188,18 @@ pub(crate) fn run_daemon(args: SchedulerArgs) -> anyhow::Result<()> {
 pub(crate) struct SubmitArgs {
     #[command(flatten)]
     dir: DirArg,
-    /// Device memory the job needs per GPU (e.g. 6GiB, 512MiB). Default: under the `ladle`
-    /// policy 1.1 × the peak observed when this command last succeeded; otherwise, or for a
-    /// new command, the scheduler's --default-gpu-mem.
+    /// Device memory the job needs per GPU (e.g. 6GiB, 512MiB); trusted, and under MPS the
+    /// job's memory limit is derived from it. Default: under the `ladle` policy 1.1 × the
+    /// largest peak measured for the job's family (see --family); for a family never
+    /// measured, the scheduler's --default-gpu-mem as a guess, which only reserves memory
+    /// and never limits the job: it runs alone or with ample room until its peak is measured.
     #[arg(long)]
     gpu_mem: Option<String>,
+    /// The family whose measured memory this job shares (runs of one sweep, say). Default:
+    /// the command with its arguments' values left out (`train.py --lr 0.1` and `train.py
+    /// --lr 0.01` are one family).
+    #[arg(long, value_name = "NAME")]
+    family: Option<String>,
     /// GPUs the job needs at once.
     #[arg(long, default_value_t = 1)]
     gpus: u32,
@@ -234,6 +241,7 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         thread_percentage: args.thread_percentage,
         env: Vec::new(),
         cpus: args.cpus,
+        family: args.family,
     };
     let response = args.dir.request(&Request::Submit(spec))?;
     let Response::Submitted { id, estimate_mib } = response else {

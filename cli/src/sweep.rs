@@ -63,9 +63,14 @@ pub(crate) struct SweepArgs {
     /// The name the feed registers under with the scheduler (default: sweep-PID).
     #[arg(long, value_name = "NAME")]
     feed_name: Option<String>,
-    /// Device memory each run needs per GPU (as `ladle submit --gpu-mem`).
+    /// Device memory each run needs per GPU (as `ladle submit --gpu-mem`). Without it the
+    /// first run is measured and the others are packed by its peak.
     #[arg(long)]
     gpu_mem: Option<String>,
+    /// The family the runs' measured memory is shared under (as `ladle submit --family`;
+    /// default: the command with its arguments' values left out).
+    #[arg(long, value_name = "NAME")]
+    family: Option<String>,
     /// More runs: one per non-empty line, its whitespace-separated words appended to the
     /// command (`#` starts a comment line).
     #[arg(long, value_name = "FILE")]
@@ -443,6 +448,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
                 ("LADLE_RUN".into(), name.clone()),
             ],
             cpus: None,
+            family: args.family.clone(),
         };
         let id = match scheduler.request(&Request::Submit(spec)) {
             Ok(Response::Submitted { id, .. }) => id,

@@ -33,13 +33,10 @@ pub struct JobSpec {
     /// free. A consumer of a feed states none: its decoding is the feed's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u32>,
-}
-
-impl JobSpec {
-    /// The key under which observed peaks are learned: the command line.
-    pub fn learning_key(&self) -> String {
-        self.command.join("\u{1f}")
-    }
+    /// The family whose measured peak this job shares (`--family`); without it, the
+    /// command up to its arguments' values ([`crate::estimate::family_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
 }
 
 /// Where a job stands.

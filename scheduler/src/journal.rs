@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::estimate::Basis;
 use crate::job::{JobId, JobSpec};
 
 /// How one attempt ended.
@@ -43,6 +44,10 @@ pub enum Record {
         spec: JobSpec,
         /// Its memory estimate per GPU, MiB.
         estimate_mib: u64,
+        /// Where the estimate comes from (journals from before bases read as a guess
+        /// unless the spec declares memory).
+        #[serde(default)]
+        basis: Basis,
         /// Unix time, s.
         at: f64,
     },
@@ -68,6 +73,16 @@ pub enum Record {
         /// Its start time in clock ticks since boot, to tell it from a recycled pid.
         start_ticks: u64,
     },
+    /// A running attempt's peak memory was measured (it ran long enough on its GPUs for
+    /// the peak to count; see the policy's `measure_s`).
+    Measured {
+        /// Job id.
+        id: JobId,
+        /// Attempt number.
+        attempt: u32,
+        /// Peak device memory per GPU, MiB.
+        peak_mib: u64,
+    },
     /// An attempt ended.
     Finished {
         /// Job id.
@@ -89,6 +104,9 @@ pub enum Record {
         id: JobId,
         /// New estimate, MiB.
         estimate_mib: u64,
+        /// Its new basis (`None`: unchanged).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        basis: Option<Basis>,
         /// Whether it must run alone (out-of-memory retries).
         exclusive: bool,
         /// Whether this requeue follows an out-of-memory exit (it counts against the retry
@@ -237,6 +255,7 @@ mod tests {
             thread_percentage: None,
             env: Vec::new(),
             cpus: None,
+            family: None,
         }
     }
 
@@ -250,6 +269,7 @@ mod tests {
             id: 1,
             spec: spec(),
             estimate_mib: 100,
+            basis: Basis::Declared,
             at: 1.0,
         };
         let b = Record::Cancelled { id: 1 };
@@ -258,6 +278,22 @@ mod tests {
         drop(j);
         let (_, records) = Journal::open(&path).unwrap();
         assert_eq!(records, vec![a, b]);
+    }
+
+    #[test]
+    fn a_journal_written_before_estimates_had_a_basis_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let old = r#"{"event":"submitted","id":3,"spec":{"command":["true"],"cwd":"/","gpu_mem_mib":null,"gpus":1,"feed":null,"thread_percentage":null},"estimate_mib":4096,"at":1.0}
+{"event":"requeued","id":3,"estimate_mib":6144,"exclusive":true,"out_of_memory":true}
+"#;
+        std::fs::write(&path, old).unwrap();
+        let (_, records) = Journal::open(&path).unwrap();
+        assert!(matches!(
+            &records[0],
+            Record::Submitted { basis: Basis::Guess, spec, .. } if spec.family.is_none()
+        ));
+        assert!(matches!(records[1], Record::Requeued { basis: None, .. }));
     }
 
     #[test]

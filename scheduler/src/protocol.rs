@@ -91,14 +91,14 @@ impl Request {
                 ..
             }) if *mib > MAX_MIB => Err(RequestError::GpuMemoryOutOfRange { mib: *mib }),
             Self::RegisterFeed(FeedSpec { name, .. }) => {
-                if name.is_empty()
-                    || name.chars().count() > MAX_FEED_NAME
-                    || name.chars().any(char::is_control)
-                {
+                if !is_plain_name(name) {
                     return Err(RequestError::BadFeedName { name: name.clone() });
                 }
                 Ok(())
             }
+            Self::Submit(JobSpec {
+                family: Some(name), ..
+            }) if !is_plain_name(name) => Err(RequestError::BadFamily { name: name.clone() }),
             Self::Submit(JobSpec { env, .. }) => {
                 for (name, value) in env {
                     if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
@@ -112,6 +112,11 @@ impl Request {
     }
 }
 
+/// A feed or family name: 1 to [`MAX_FEED_NAME`] characters, none a control character.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().count() <= MAX_FEED_NAME && !name.chars().any(char::is_control)
+}
+
 /// A well-formed request that asks for something no scheduler can give.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -123,6 +128,15 @@ pub enum RequestError {
     GpuMemoryOutOfRange {
         /// The memory stated, MiB.
         mib: u64,
+    },
+    /// A `--family` that is empty, longer than [`MAX_FEED_NAME`] characters or holds a
+    /// control character.
+    #[error(
+        "family {name:?}: a family is 1 to {MAX_FEED_NAME} characters, none a control character"
+    )]
+    BadFamily {
+        /// The name given.
+        name: String,
     },
     /// An environment variable whose name is empty or holds `=` or NUL, or whose value
     /// holds NUL: no process can be given it.
@@ -464,6 +478,7 @@ mod tests {
                 thread_percentage: None,
                 env: vec![(name.into(), value.into())],
                 cpus: None,
+                family: None,
             })
         };
         assert_eq!(spec("LADLE_SOCKET", "/tmp/s.sock").validate(), Ok(()));

@@ -1,0 +1,390 @@
+//! Attempts as processes: starting one under the wrapper (see the module docs of
+//! [`super`]), reaping it, and deciding what follows its end (done, failed, an
+//! out-of-memory retry, or the final failure after the last retry).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use crate::estimate::Basis;
+use crate::job::{self, JobId};
+use crate::journal::{Outcome, Record};
+use crate::mps;
+use crate::sys;
+use crate::telemetry::SimLoad;
+
+use super::{CANCEL_GRACE, Daemon, SIM_DEFAULT_SM};
+
+/// The shell wrapper around every attempt (see the module docs). `$0` names the attempt,
+/// `$1` is the claim file, `$2` the status file, the rest the command.
+const WRAPPER: &str = r#"set -C
+{ echo $$ > "$1"; } 2>/dev/null || exit 86
+set +C
+status=$2
+shift 2
+trap : TERM INT HUP
+"$@"
+code=$?
+echo $code >| "$status.tmp" && mv -f "$status.tmp" "$status"
+exit $code
+"#;
+
+/// What only the running daemon knows of an open attempt (the journaled part, pid
+/// included, is the attempt in [`super::state`]).
+#[derive(Debug)]
+pub(super) struct Live {
+    /// The process, when this daemon started it (an adopted one is watched by pid).
+    pub child: Option<Child>,
+    /// When `ladle cancel` sent SIGTERM.
+    pub cancel_at: Option<Instant>,
+    /// What the job holds on simulated GPUs.
+    pub sim_load: SimLoad,
+    /// Bytes of its stdout already read for sim markers.
+    pub stdout_read: u64,
+    /// Largest memory seen for its process group on one GPU, MiB.
+    pub peak_mib: Option<u64>,
+    /// When (daemon clock) its process was first seen on its GPUs.
+    pub seen_at: Option<f64>,
+}
+
+impl Live {
+    pub(super) fn new(estimate_mib: u64) -> Self {
+        Self {
+            child: None,
+            cancel_at: None,
+            sim_load: SimLoad {
+                mem_mib: estimate_mib,
+                sm: SIM_DEFAULT_SM,
+            },
+            stdout_read: 0,
+            peak_mib: None,
+            seen_at: None,
+        }
+    }
+}
+
+/// The estimate of an out-of-memory retry: 1.1 × what the crashed attempt was seen using
+/// or was limited to, whichever is more, at most `cap_mib` (the largest GPU). Nothing seen
+/// and no limit: the old estimate (the retry runs alone, unlimited, and is measured there).
+/// A guess is never multiplied into a bigger guess.
+pub(super) fn retry_estimate(
+    estimate_mib: u64,
+    peak_mib: Option<u64>,
+    limit_mib: Option<u64>,
+    cap_mib: u64,
+) -> u64 {
+    match peak_mib.max(limit_mib) {
+        Some(seen) => job::learned_estimate(seen).min(cap_mib),
+        None => estimate_mib.min(cap_mib),
+    }
+    .max(1)
+}
+
+pub(super) fn attempt_path(dir: &Path, id: JobId, attempt: u32, ext: &str) -> PathBuf {
+    dir.join("jobs")
+        .join(id.to_string())
+        .join(format!("{attempt}.{ext}"))
+}
+
+/// The last `max` bytes of a file, lossily as text; empty when unreadable.
+pub(super) fn tail(path: &Path, max: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(max as u64)));
+    let mut bytes = Vec::new();
+    let _ = f.take(max as u64).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+pub(super) fn read_status(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+impl Daemon {
+    /// The largest GPU's memory, MiB: no estimate is raised past it.
+    fn cap_mib(&self) -> u64 {
+        self.gpus
+            .iter()
+            .map(|g| g.memory_total_mib)
+            .max()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Journals and starts attempt `attempts + 1` of job `id` on `gpus`.
+    pub(super) fn launch(&mut self, id: JobId, gpus: &[usize], limit_mib: Option<u64>) {
+        let Some(job) = self.jobs.jobs.get(&id) else {
+            return;
+        };
+        let attempt = job.attempts + 1;
+        let estimate_mib = job.estimate.mib;
+        let starting = Record::Starting {
+            id,
+            attempt,
+            gpus: gpus.iter().map(|&g| g as u32).collect(),
+            limit_mib,
+        };
+        if !self.commit(starting) {
+            return;
+        }
+        self.live.insert(id, Live::new(estimate_mib));
+        match self.spawn(id, attempt, gpus, limit_mib) {
+            Ok(child) => {
+                let pid = child.id();
+                let start_ticks = sys::start_ticks(pid).unwrap_or(0);
+                self.note(Record::Started {
+                    id,
+                    attempt,
+                    pid,
+                    start_ticks,
+                });
+                tracing::info!(job = id, attempt, pid, ?gpus, ?limit_mib, "started");
+                let now = self.now();
+                let simulated = self.telemetry.simulated().is_some();
+                let mut load = None;
+                if let Some(live) = self.live.get_mut(&id) {
+                    live.child = Some(child);
+                    if simulated {
+                        // A simulated GPU shows the job at once, holding its load.
+                        live.seen_at = Some(now);
+                        live.peak_mib = Some(live.sim_load.mem_mib);
+                        load = Some(live.sim_load);
+                    }
+                }
+                if let (Some(sim), Some(load)) = (self.telemetry.simulated(), load) {
+                    for &g in gpus {
+                        sim.place(g, id, load);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(job = id, "cannot start: {e}");
+                self.live.remove(&id);
+                self.note(Record::Finished {
+                    id,
+                    attempt,
+                    outcome: Outcome::Failed,
+                    code: None,
+                    peak_mib: None,
+                    reason: format!("cannot start: {e}"),
+                });
+            }
+        }
+    }
+
+    fn spawn(
+        &self,
+        id: JobId,
+        attempt: u32,
+        gpus: &[usize],
+        limit_mib: Option<u64>,
+    ) -> std::io::Result<Child> {
+        let job = self
+            .jobs
+            .jobs
+            .get(&id)
+            .ok_or_else(|| std::io::Error::other("job vanished"))?;
+        let out_path = attempt_path(&self.dir, id, attempt, "out");
+        if let Some(parent) = out_path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let open = |ext| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(attempt_path(&self.dir, id, attempt, ext))
+        };
+        let (out, err) = (open("out")?, open("err")?);
+        let uuids: Vec<&str> = gpus
+            .iter()
+            .filter_map(|&g| self.gpus.get(g).map(|i| i.uuid.as_str()))
+            .collect();
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(WRAPPER)
+            .arg(format!("ladle-job-{id}.{attempt}"))
+            .arg(attempt_path(&self.dir, id, attempt, "claim"))
+            .arg(attempt_path(&self.dir, id, attempt, "status"))
+            .args(&job.spec.command)
+            .current_dir(&job.spec.cwd)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .envs(self.mps_env.iter().cloned())
+            .envs(mps::job_env(&uuids, limit_mib, job.spec.thread_percentage))
+            .envs(job.spec.env.iter().cloned())
+            .env("LADLE_JOB_ID", id.to_string())
+            .env("LADLE_JOB_ATTEMPT", attempt.to_string())
+            .spawn()
+    }
+
+    /// Finds attempts that ended and escalates cancels past their grace.
+    pub(super) fn reap(&mut self) {
+        let mut ended = Vec::new();
+        for (job, attempt) in self.jobs.running() {
+            let Some(live) = self.live.get_mut(&job.id) else {
+                continue;
+            };
+            if let Some(child) = live.child.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => ended.push((job.id, status.code(), status.signal(), false)),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(job = job.id, "waiting for the job: {e}"),
+                }
+            } else if let Some(pid) = attempt.pid
+                && !sys::alive(pid)
+            {
+                let status =
+                    read_status(&attempt_path(&self.dir, job.id, attempt.number, "status"));
+                ended.push((job.id, status, None, status.is_none()));
+            }
+            if let (Some(at), Some(pid)) = (live.cancel_at, attempt.pid)
+                && at.elapsed() > CANCEL_GRACE
+            {
+                let _ = sys::signal_group(pid, rustix::process::Signal::KILL);
+            }
+        }
+        for (id, code, signal, vanished) in ended {
+            self.finish(id, code, signal, vanished);
+        }
+    }
+
+    /// Records the end of job `id`'s current attempt and decides what follows.
+    pub(super) fn finish(
+        &mut self,
+        id: JobId,
+        code: Option<i32>,
+        signal: Option<i32>,
+        vanished: bool,
+    ) {
+        if self.telemetry.simulated().is_some() {
+            self.read_sim_markers();
+        }
+        let cap = self.cap_mib();
+        let max_retries = self.max_oom_retries;
+        let Some(job) = self.jobs.jobs.get(&id) else {
+            return;
+        };
+        let Some(attempt) = job.attempt() else { return };
+        let number = attempt.number;
+        let limit_mib = attempt.limit_mib;
+        let live = self.live.remove(&id);
+        let peak_mib = live.as_ref().and_then(|l| l.peak_mib);
+        let cancelled = live.as_ref().is_some_and(|l| l.cancel_at.is_some());
+        let stderr = tail(&attempt_path(&self.dir, id, number, "err"), 1 << 20);
+        let mut requeue = None;
+        let (outcome, reason) = if cancelled {
+            (Outcome::Cancelled, "cancelled".to_owned())
+        } else if vanished {
+            (
+                Outcome::Interrupted,
+                "the process ended while the scheduler was down and left no exit status; not run again"
+                    .to_owned(),
+            )
+        } else if code == Some(0) {
+            (Outcome::Succeeded, "exit code 0".to_owned())
+        } else if job::is_out_of_memory(code, &stderr) {
+            let seen = match (peak_mib, limit_mib) {
+                (Some(p), Some(l)) => format!("{p} MiB seen, limit {l} MiB"),
+                (Some(p), None) => format!("{p} MiB seen"),
+                (None, Some(l)) => format!("limit {l} MiB"),
+                (None, None) => "no memory seen".to_owned(),
+            };
+            if job.oom_retries < max_retries {
+                requeue = Some(retry_estimate(job.estimate.mib, peak_mib, limit_mib, cap));
+                (
+                    Outcome::OutOfMemory,
+                    format!(
+                        "out of GPU memory ({seen}); retry {} of {max_retries}, alone until measured",
+                        job.oom_retries + 1
+                    ),
+                )
+            } else {
+                (
+                    Outcome::OutOfMemory,
+                    format!(
+                        "out of GPU memory ({seen}) after {max_retries} retries; not retried again"
+                    ),
+                )
+            }
+        } else {
+            let how = match (code, signal) {
+                (Some(c), _) => format!("exit code {c}"),
+                (None, Some(s)) => format!("killed by signal {s}"),
+                (None, None) => "ended without an exit status".to_owned(),
+            };
+            (Outcome::Failed, how)
+        };
+        tracing::info!(job = id, attempt = number, ?outcome, "{reason}");
+        if let Some(sim) = self.telemetry.simulated() {
+            sim.remove(id);
+        }
+        self.note(Record::Finished {
+            id,
+            attempt: number,
+            outcome,
+            code,
+            peak_mib,
+            reason,
+        });
+        if let Some(estimate_mib) = requeue {
+            self.note(Record::Requeued {
+                id,
+                estimate_mib,
+                // Not a measurement: the attempt crashed before its peak. It runs alone,
+                // unlimited, until measured.
+                basis: Some(Basis::Guess),
+                exclusive: true,
+                out_of_memory: true,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wrapper_runs_a_command_once_and_records_its_exit_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let claim = dir.path().join("claim");
+        let status = dir.path().join("status");
+        let run = || {
+            Command::new("/bin/sh")
+                .arg("-c")
+                .arg(WRAPPER)
+                .arg("ladle-job-1.1")
+                .arg(&claim)
+                .arg(&status)
+                .args(["sh", "-c", "echo ran >> \"$0\"; exit 3"])
+                .arg(dir.path().join("ran"))
+                .status()
+                .unwrap()
+        };
+        assert_eq!(run().code(), Some(3));
+        assert_eq!(read_status(&status), Some(3));
+        assert!(super::super::recover::read_claim(&claim).is_some());
+        // A second launch of the same attempt refuses to run the command.
+        assert_eq!(run().code(), Some(86));
+        let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap();
+        assert_eq!(ran, "ran\n");
+    }
+
+    #[test]
+    fn an_out_of_memory_retry_is_estimated_from_what_was_seen_never_from_a_multiplied_guess() {
+        // Seen 9000 MiB before the crash: 1.1 × that.
+        assert_eq!(retry_estimate(4096, Some(9000), None, 40_960), 9900);
+        // Limited at 6144 and seen less: the limit is what it hit.
+        assert_eq!(retry_estimate(4096, Some(5000), Some(6144), 40_960), 6759);
+        // Nothing seen, no limit: the old number, not 1.5 × a guess.
+        assert_eq!(retry_estimate(4096, None, None, 40_960), 4096);
+        // Never past the largest GPU.
+        assert_eq!(retry_estimate(4096, Some(80_000), None, 40_960), 40_960);
+    }
+}

@@ -1,0 +1,521 @@
+//! The jobs as the journal knows them: a pure fold of [`Record`]s.
+//!
+//! Nothing here touches a process, a file or a GPU, so what a journal means is testable
+//! without any of them: [`Jobs::fold`] of a journal's records is the queue a restarted
+//! daemon starts from (before [`super::recover`] settles the attempts left open), and the
+//! running daemon changes its jobs only by journaling a record and applying the same
+//! record ([`Jobs::apply`]). A running attempt's process id lives in one place, its
+//! [`Attempt`]; [`Job::state`] derives the protocol's [`JobState`] from it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::estimate::{Basis, Estimate, Families, family_key};
+use crate::job::{JobId, JobSpec, JobState};
+use crate::journal::{Outcome, Record};
+
+/// One attempt of a job, as journaled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Attempt {
+    /// Attempt number, from 1.
+    pub number: u32,
+    /// GPU indices.
+    pub gpus: Vec<usize>,
+    /// Its process (group leader), once `started` is journaled or recovery read its claim.
+    pub pid: Option<u32>,
+    /// MPS pinned-memory limit per GPU, MiB.
+    pub limit_mib: Option<u64>,
+}
+
+/// Where a job stands in the fold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// In the queue.
+    Queued,
+    /// An attempt is open (starting or running).
+    Running(Attempt),
+    /// It will not run again (a final [`JobState`]).
+    Ended(JobState),
+}
+
+/// One job.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    /// Its family: `--family`, else [`family_key`] of its command.
+    pub family: String,
+    /// Its memory estimate per GPU and where it comes from.
+    pub estimate: Estimate,
+    /// It must run alone (an out-of-memory retry not yet measured).
+    pub exclusive: bool,
+    /// Attempts begun.
+    pub attempts: u32,
+    /// Out-of-memory requeues.
+    pub oom_retries: u32,
+    pub stage: Stage,
+    /// Unix time of the submission.
+    pub submitted_at: f64,
+    /// Largest peak journaled for it (measured while running, or at an attempt's end).
+    pub peak_mib: Option<u64>,
+    /// Its current attempt's peak has been measured (journaled `measured`).
+    pub measured: bool,
+}
+
+impl Job {
+    /// Its open attempt.
+    pub(super) fn attempt(&self) -> Option<&Attempt> {
+        match &self.stage {
+            Stage::Running(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The protocol's view of where it stands.
+    pub(super) fn state(&self) -> JobState {
+        match &self.stage {
+            Stage::Queued => JobState::Queued,
+            Stage::Running(a) => JobState::Running {
+                gpus: a
+                    .gpus
+                    .iter()
+                    .map(|&g| u32::try_from(g).unwrap_or(u32::MAX))
+                    .collect(),
+                pid: a.pid,
+                attempt: a.number,
+            },
+            Stage::Ended(state) => state.clone(),
+        }
+    }
+}
+
+/// The jobs, the queue (head first) and the peaks learned per family.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Jobs {
+    pub jobs: BTreeMap<JobId, Job>,
+    pub queue: VecDeque<JobId>,
+    pub families: Families,
+    pub next_id: JobId,
+    /// Queued jobs whose estimate is a guess take their family's measured peak as soon as
+    /// one is journaled (the policy's learned estimates).
+    learn: bool,
+}
+
+impl Jobs {
+    /// No jobs; `learn`: whether queued guesses take their family's measured peak.
+    pub(super) fn new(learn: bool) -> Self {
+        Self {
+            next_id: 1,
+            learn,
+            ..Self::default()
+        }
+    }
+
+    /// The jobs `records` describe, in order.
+    pub(super) fn fold(learn: bool, records: impl IntoIterator<Item = Record>) -> Self {
+        let mut jobs = Self::new(learn);
+        for record in records {
+            jobs.apply(record);
+        }
+        jobs
+    }
+
+    /// Jobs with an open attempt.
+    pub(super) fn running(&self) -> impl Iterator<Item = (&Job, &Attempt)> {
+        self.jobs
+            .values()
+            .filter_map(|j| j.attempt().map(|a| (j, a)))
+    }
+
+    /// The estimate a new job of `spec` gets: what it declares, else (when learning) its
+    /// family's measured peak, else `guess_mib`.
+    pub(super) fn estimate_for(&self, spec: &JobSpec, guess_mib: u64) -> Estimate {
+        let family = family_of(spec);
+        if self.learn {
+            self.families.estimate(&family, spec.gpu_mem_mib, guess_mib)
+        } else {
+            Families::new().estimate(&family, spec.gpu_mem_mib, guess_mib)
+        }
+    }
+
+    /// Applies one record. Records about unknown jobs change nothing (a journal is only
+    /// ever appended by one daemon, so that would be a bug, not an input to act on).
+    pub(super) fn apply(&mut self, record: Record) {
+        match record {
+            Record::Submitted {
+                id,
+                spec,
+                estimate_mib,
+                basis,
+                at,
+            } => {
+                self.next_id = self.next_id.max(id.saturating_add(1));
+                let basis = if spec.gpu_mem_mib.is_some() {
+                    Basis::Declared
+                } else {
+                    basis
+                };
+                let family = family_of(&spec);
+                self.jobs.insert(
+                    id,
+                    Job {
+                        id,
+                        spec,
+                        family,
+                        estimate: Estimate {
+                            mib: estimate_mib,
+                            basis,
+                        },
+                        exclusive: false,
+                        attempts: 0,
+                        oom_retries: 0,
+                        stage: Stage::Queued,
+                        submitted_at: at,
+                        peak_mib: None,
+                        measured: false,
+                    },
+                );
+                self.queue.push_back(id);
+            }
+            Record::Starting {
+                id,
+                attempt,
+                gpus,
+                limit_mib,
+            } => {
+                self.queue.retain(|&q| q != id);
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.attempts = job.attempts.max(attempt);
+                    job.measured = false;
+                    job.stage = Stage::Running(Attempt {
+                        number: attempt,
+                        gpus: gpus.iter().map(|&g| g as usize).collect(),
+                        pid: None,
+                        limit_mib,
+                    });
+                }
+            }
+            Record::Started {
+                id, attempt, pid, ..
+            } => {
+                if let Some(Stage::Running(a)) = self.jobs.get_mut(&id).map(|j| &mut j.stage)
+                    && a.number == attempt
+                {
+                    a.pid = Some(pid);
+                }
+            }
+            Record::Measured {
+                id,
+                attempt,
+                peak_mib,
+            } => {
+                let Some(job) = self.jobs.get_mut(&id) else {
+                    return;
+                };
+                if job.attempt().is_none_or(|a| a.number != attempt) {
+                    return;
+                }
+                job.measured = true;
+                job.peak_mib = job.peak_mib.max(Some(peak_mib));
+                // Measured alone, an out-of-memory retry may now take neighbours.
+                job.exclusive = false;
+                let family = job.family.clone();
+                self.learn_peak(&family, peak_mib);
+            }
+            Record::Finished {
+                id,
+                outcome,
+                peak_mib,
+                reason,
+                ..
+            } => {
+                let Some(job) = self.jobs.get_mut(&id) else {
+                    return;
+                };
+                job.peak_mib = job.peak_mib.max(peak_mib);
+                job.stage = Stage::Ended(match outcome {
+                    Outcome::Succeeded => JobState::Succeeded,
+                    Outcome::Cancelled => JobState::Cancelled,
+                    Outcome::Interrupted => JobState::Interrupted { reason },
+                    Outcome::Failed | Outcome::OutOfMemory => JobState::Failed { reason },
+                });
+                // A run that ended well saw its whole peak.
+                if let (Outcome::Succeeded, Some(peak)) = (outcome, peak_mib) {
+                    let family = job.family.clone();
+                    self.learn_peak(&family, peak);
+                }
+            }
+            Record::Requeued {
+                id,
+                estimate_mib,
+                basis,
+                exclusive,
+                out_of_memory,
+            } => {
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.stage = Stage::Queued;
+                    job.estimate.mib = estimate_mib;
+                    if let Some(basis) = basis {
+                        job.estimate.basis = basis;
+                    }
+                    job.exclusive = exclusive;
+                    job.oom_retries += u32::from(out_of_memory);
+                    self.queue.retain(|&q| q != id);
+                    self.queue.push_front(id);
+                }
+            }
+            Record::Cancelled { id } => {
+                self.queue.retain(|&q| q != id);
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.stage = Stage::Ended(JobState::Cancelled);
+                }
+            }
+        }
+    }
+
+    /// Records a family's peak and, when learning, gives it to the family's queued jobs
+    /// that only had a guess (an out-of-memory retry keeps its own: it runs alone to be
+    /// measured).
+    fn learn_peak(&mut self, family: &str, peak_mib: u64) {
+        self.families.observe(family, peak_mib);
+        if !self.learn {
+            return;
+        }
+        for id in &self.queue {
+            if let Some(job) = self.jobs.get_mut(id)
+                && job.family == family
+                && job.estimate.basis == Basis::Guess
+                && !job.exclusive
+            {
+                job.estimate = self.families.estimate(family, None, job.estimate.mib);
+            }
+        }
+    }
+}
+
+/// A job's family: `--family`, else [`family_key`] of its command.
+pub(super) fn family_of(spec: &JobSpec) -> String {
+    spec.family
+        .clone()
+        .unwrap_or_else(|| family_key(&spec.command))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(lr: &str, declared: Option<u64>) -> JobSpec {
+        JobSpec {
+            command: ["python", "train.py", "--lr", lr]
+                .map(str::to_owned)
+                .to_vec(),
+            cwd: "/".into(),
+            gpu_mem_mib: declared,
+            gpus: 1,
+            feed: None,
+            thread_percentage: None,
+            env: Vec::new(),
+            cpus: None,
+            family: None,
+        }
+    }
+
+    fn submitted(id: JobId, spec: JobSpec, estimate_mib: u64) -> Record {
+        Record::Submitted {
+            id,
+            basis: Basis::Guess,
+            spec,
+            estimate_mib,
+            at: 0.0,
+        }
+    }
+
+    fn starting(id: JobId, attempt: u32) -> Record {
+        Record::Starting {
+            id,
+            attempt,
+            gpus: vec![0],
+            limit_mib: None,
+        }
+    }
+
+    #[test]
+    fn a_running_jobs_pid_is_its_attempts_and_its_state_is_derived_from_it() {
+        let jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", Some(1024)), 1024),
+                starting(1, 1),
+                Record::Started {
+                    id: 1,
+                    attempt: 1,
+                    pid: 4242,
+                    start_ticks: 7,
+                },
+            ],
+        );
+        let job = &jobs.jobs[&1];
+        assert_eq!(job.attempt().unwrap().pid, Some(4242));
+        assert_eq!(
+            job.state(),
+            JobState::Running {
+                gpus: vec![0],
+                pid: Some(4242),
+                attempt: 1
+            }
+        );
+        assert_eq!(job.estimate.basis, Basis::Declared);
+        assert!(jobs.queue.is_empty());
+        assert_eq!(jobs.next_id, 2);
+    }
+
+    #[test]
+    fn a_started_record_of_an_older_attempt_does_not_give_the_new_one_its_pid() {
+        let jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", None), 4096),
+                starting(1, 2),
+                Record::Started {
+                    id: 1,
+                    attempt: 1,
+                    pid: 99,
+                    start_ticks: 1,
+                },
+            ],
+        );
+        assert_eq!(jobs.jobs[&1].attempt().unwrap().pid, None);
+    }
+
+    #[test]
+    fn the_family_measured_once_gives_its_queued_guesses_the_measured_peak() {
+        let jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", None), 4096),
+                submitted(2, spec("0.01", None), 4096),
+                submitted(3, spec("0.001", Some(2000)), 2000),
+                starting(1, 1),
+                Record::Measured {
+                    id: 1,
+                    attempt: 1,
+                    peak_mib: 12_000,
+                },
+            ],
+        );
+        assert!(jobs.jobs[&1].measured);
+        let second = &jobs.jobs[&2];
+        assert_eq!(second.estimate.basis, Basis::Measured);
+        assert_eq!(second.estimate.mib, 13_200, "1.1 × the measured peak");
+        assert_eq!(
+            jobs.jobs[&3].estimate,
+            Estimate {
+                mib: 2000,
+                basis: Basis::Declared
+            },
+            "a declared estimate is trusted"
+        );
+        // Without learned estimates the guess stays a guess.
+        let unlearned = Jobs::fold(
+            false,
+            [
+                submitted(1, spec("0.1", None), 4096),
+                submitted(2, spec("0.01", None), 4096),
+                starting(1, 1),
+                Record::Measured {
+                    id: 1,
+                    attempt: 1,
+                    peak_mib: 12_000,
+                },
+            ],
+        );
+        assert_eq!(unlearned.jobs[&2].estimate.basis, Basis::Guess);
+    }
+
+    #[test]
+    fn an_out_of_memory_retry_goes_to_the_head_alone_and_may_take_neighbours_once_measured() {
+        let mut jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", None), 4096),
+                submitted(2, spec("0.2", None), 4096),
+                starting(1, 1),
+                Record::Finished {
+                    id: 1,
+                    attempt: 1,
+                    outcome: Outcome::OutOfMemory,
+                    code: Some(1),
+                    peak_mib: Some(3900),
+                    reason: "oom".to_owned(),
+                },
+                Record::Requeued {
+                    id: 1,
+                    estimate_mib: 4290,
+                    basis: Some(Basis::Guess),
+                    exclusive: true,
+                    out_of_memory: true,
+                },
+            ],
+        );
+        assert_eq!(jobs.queue, [1, 2]);
+        let job = &jobs.jobs[&1];
+        assert!(job.exclusive);
+        assert_eq!(job.oom_retries, 1);
+        assert_eq!(
+            jobs.jobs[&2].estimate.basis,
+            Basis::Guess,
+            "a crashed attempt's peak teaches the family nothing"
+        );
+        jobs.apply(starting(1, 2));
+        jobs.apply(Record::Measured {
+            id: 1,
+            attempt: 2,
+            peak_mib: 9000,
+        });
+        assert!(!jobs.jobs[&1].exclusive);
+        assert_eq!(jobs.jobs[&2].estimate.mib, 9900);
+    }
+
+    #[test]
+    fn records_about_unknown_jobs_or_other_attempts_change_nothing() {
+        let before = Jobs::fold(true, [submitted(1, spec("0.1", None), 4096)]);
+        let mut after = before.clone();
+        after.apply(Record::Measured {
+            id: 1,
+            attempt: 1,
+            peak_mib: 5,
+        });
+        after.apply(Record::Started {
+            id: 7,
+            attempt: 1,
+            pid: 1,
+            start_ticks: 1,
+        });
+        after.apply(Record::Cancelled { id: 9 });
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn a_finished_job_is_final_and_a_cancelled_queued_one_leaves_the_queue() {
+        let jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", None), 4096),
+                submitted(2, spec("0.2", None), 4096),
+                starting(1, 1),
+                Record::Finished {
+                    id: 1,
+                    attempt: 1,
+                    outcome: Outcome::Succeeded,
+                    code: Some(0),
+                    peak_mib: Some(7000),
+                    reason: String::new(),
+                },
+                Record::Cancelled { id: 2 },
+            ],
+        );
+        assert_eq!(jobs.jobs[&1].state(), JobState::Succeeded);
+        assert_eq!(jobs.jobs[&2].state(), JobState::Cancelled);
+        assert!(jobs.queue.is_empty());
+        assert_eq!(jobs.families.peak("python train.py --lr *"), Some(7000));
+    }
+}

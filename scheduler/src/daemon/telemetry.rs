@@ -1,0 +1,288 @@
+//! The GPUs as the daemon sees them: telemetry sampled at 1 Hz into windows, each job's
+//! memory read from the GPUs' process lists (its process group's, so a data-loader child
+//! counts), a job's peak **measured** once it has been seen on its GPUs for
+//! [`MEASURE_S`], and the [`GpuState`]s admission decides on.
+//!
+//! ## Settle on the process seen
+//! After a dispatch a GPU takes no further job until the new job's process is seen on it
+//! plus [`SEEN_GRACE_S`] (its allocations show), and never longer than the policy's
+//! `settle_s` after the dispatch (a job that never touches its GPU does not hold it). On
+//! simulated GPUs a job is seen the moment it starts.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+
+use crate::journal::Record;
+use crate::policy::{GpuState, Pending};
+use crate::sys;
+use crate::telemetry::ProcessMemory;
+
+use super::launch::attempt_path;
+use super::{Daemon, SIM_MARKER};
+
+/// Seconds a job must have been seen on its GPUs before its peak counts as measured (its
+/// first iterations allocate most of what it will hold).
+pub const MEASURE_S: f64 = 60.0;
+
+/// Seconds a GPU stays settling after a new job's process is first seen on it.
+pub const SEEN_GRACE_S: f64 = 5.0;
+
+/// Parses a [`SIM_MARKER`] line.
+pub(super) fn parse_sim_marker(line: &str) -> Option<(Option<u64>, Option<f64>)> {
+    let rest = line.trim().strip_prefix(SIM_MARKER)?;
+    let (mut mem, mut sm) = (None, None);
+    for field in rest.split_whitespace() {
+        if let Some(v) = field.strip_prefix("mem_mib=") {
+            mem = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("sm=") {
+            sm = v.parse::<f64>().ok().filter(|x| (0.0..=1.0).contains(x));
+        }
+    }
+    Some((mem, sm))
+}
+
+/// Each process group's device memory on its busiest GPU, MiB, from the GPUs' process
+/// lists: a job's processes on one GPU add up, and a job's peak is per GPU, like its
+/// estimate. `group_of` maps a pid to its process group (`None`: gone).
+fn memory_by_group(
+    per_gpu: &[Vec<ProcessMemory>],
+    group_of: impl Fn(u32) -> Option<u32>,
+) -> HashMap<u32, u64> {
+    let mut by_group: HashMap<u32, u64> = HashMap::new();
+    for processes in per_gpu {
+        let mut on_gpu: HashMap<u32, u64> = HashMap::new();
+        for p in processes {
+            if let Some(pgid) = group_of(p.pid) {
+                let sum = on_gpu.entry(pgid).or_default();
+                *sum = sum.saturating_add(p.used_mib);
+            }
+        }
+        for (pgid, mib) in on_gpu {
+            let e = by_group.entry(pgid).or_default();
+            *e = (*e).max(mib);
+        }
+    }
+    by_group
+}
+
+impl Daemon {
+    /// Samples every GPU once, updates the running jobs' peaks and when they were first
+    /// seen, and journals the measurements that became due.
+    pub(super) fn sample(&mut self) {
+        if self.telemetry.simulated().is_some() {
+            self.read_sim_markers();
+        }
+        let mut processes = Vec::with_capacity(self.gpus.len());
+        for g in 0..self.gpus.len() {
+            match self.telemetry.sample(g) {
+                Ok(sample) => {
+                    processes.push(sample.processes.clone());
+                    self.windows[g].push(sample);
+                }
+                Err(e) => tracing::warn!(gpu = g, "telemetry: {e}"),
+            }
+        }
+        let now = self.now();
+        if self.telemetry.simulated().is_none() {
+            let by_group = memory_by_group(&processes, sys::process_group);
+            for (job, attempt) in self.jobs.running() {
+                let (Some(live), Some(pid)) = (self.live.get_mut(&job.id), attempt.pid) else {
+                    continue;
+                };
+                if let Some(&mib) = by_group.get(&pid) {
+                    live.peak_mib = live.peak_mib.max(Some(mib));
+                    live.seen_at.get_or_insert(now);
+                }
+            }
+        }
+        self.settle_seen(now);
+        self.measure(now);
+    }
+
+    /// Ends the settle lock of GPUs whose newest job has been seen (plus the grace).
+    fn settle_seen(&mut self, now: f64) {
+        for (job, attempt) in self.jobs.running() {
+            let Some(seen) = self.live.get(&job.id).and_then(|l| l.seen_at) else {
+                continue;
+            };
+            for &g in &attempt.gpus {
+                if let Some(lock) = self.locked_until.get_mut(g) {
+                    *lock = lock.min(seen + SEEN_GRACE_S);
+                }
+            }
+        }
+        let _ = now;
+    }
+
+    /// Journals the peak of every running attempt seen for [`MEASURE_S`] and not yet
+    /// measured: its family learns it, and an out-of-memory retry may take neighbours.
+    fn measure(&mut self, now: f64) {
+        let due: Vec<Record> = self
+            .jobs
+            .running()
+            .filter(|(job, _)| !job.measured)
+            .filter_map(|(job, attempt)| {
+                let live = self.live.get(&job.id)?;
+                let seen = live.seen_at?;
+                (now - seen >= MEASURE_S).then_some(Record::Measured {
+                    id: job.id,
+                    attempt: attempt.number,
+                    peak_mib: live.peak_mib?,
+                })
+            })
+            .collect();
+        for record in due {
+            if let Record::Measured { id, peak_mib, .. } = &record {
+                tracing::info!(job = id, peak_mib, "measured");
+            }
+            self.note(record);
+        }
+    }
+
+    /// Sim mode: read what jobs printed about their memory and SM demand.
+    pub(super) fn read_sim_markers(&mut self) {
+        let dir = self.dir.clone();
+        let mut updates = Vec::new();
+        for (job, attempt) in self.jobs.running() {
+            let Some(run) = self.live.get_mut(&job.id) else {
+                continue;
+            };
+            let path = attempt_path(&dir, job.id, attempt.number, "out");
+            let Ok(mut f) = File::open(&path) else {
+                continue;
+            };
+            if f.seek(SeekFrom::Start(run.stdout_read)).is_err() {
+                continue;
+            }
+            let mut bytes = Vec::new();
+            let _ = (&mut f).take(1 << 20).read_to_end(&mut bytes);
+            let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            run.stdout_read += complete as u64;
+            let text = String::from_utf8_lossy(&bytes[..complete]);
+            let mut changed = false;
+            for (mem, sm) in text.lines().filter_map(parse_sim_marker) {
+                if let Some(mem) = mem {
+                    run.sim_load.mem_mib = mem;
+                    run.peak_mib = run.peak_mib.max(Some(mem));
+                }
+                if let Some(sm) = sm {
+                    run.sim_load.sm = sm;
+                }
+                changed = true;
+            }
+            if changed {
+                updates.push((job.id, attempt.gpus.clone(), run.sim_load));
+            }
+        }
+        if let Some(sim) = self.telemetry.simulated() {
+            for (id, gpus, load) in updates {
+                for g in gpus {
+                    sim.place(g, id, load);
+                }
+            }
+        }
+    }
+
+    /// The GPUs as admission sees them: telemetry, then the scheduler's own jobs.
+    fn gpu_states(&self) -> Vec<GpuState> {
+        let mut states: Vec<GpuState> = self
+            .gpus
+            .iter()
+            .zip(&self.windows)
+            .zip(&self.locked_until)
+            .map(|((info, windows), &locked_until)| GpuState {
+                locked_until,
+                ..GpuState::observed(info, windows)
+            })
+            .collect();
+        for (job, attempt) in self.jobs.running() {
+            for &g in &attempt.gpus {
+                if let Some(s) = states.get_mut(g) {
+                    s.jobs += 1;
+                    // Saturating: a journal from before sizes were bounded may hold any u64.
+                    s.reserved_mib = s.reserved_mib.saturating_add(job.estimate.mib);
+                    s.exclusive_job |= job.exclusive;
+                    s.feeds.extend(job.spec.feed.clone());
+                }
+            }
+        }
+        states
+    }
+
+    /// Starts what admission places now.
+    pub(super) fn admit(&mut self) {
+        if self.jobs.queue.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let mut states = self.gpu_states();
+        // Data-aware: feeds' decode threads and jobs that decode for themselves share the
+        // cores; a consumer of a feed costs none.
+        let mut free_cpus = self.cpu_cores.saturating_sub(self.cpus_busy());
+        let pending: Vec<Pending> = self
+            .jobs
+            .queue
+            .iter()
+            .filter_map(|id| self.jobs.jobs.get(id))
+            .filter(|j| match j.spec.cpus {
+                None => true,
+                Some(n) if n <= free_cpus => {
+                    free_cpus -= n;
+                    true
+                }
+                Some(_) => false, // held until cores free up
+            })
+            .map(|j| Pending {
+                id: j.id,
+                estimate_mib: j.estimate.mib,
+                basis: j.estimate.basis,
+                family: j.family.clone(),
+                gpus: j.spec.gpus,
+                exclusive: j.exclusive,
+                feed: j.spec.feed.clone(),
+            })
+            .collect();
+        let placements = self.engine.admit(now, &pending, &mut states);
+        for (i, s) in states.iter().enumerate() {
+            self.locked_until[i] = s.locked_until;
+        }
+        for p in placements {
+            self.launch(p.job, &p.gpus, p.mem_limit_mib);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sim_markers_are_read_from_job_output() {
+        assert_eq!(
+            parse_sim_marker("ladle-sim: mem_mib=3000 sm=0.4"),
+            Some((Some(3000), Some(0.4)))
+        );
+        assert_eq!(parse_sim_marker("ladle-sim: sm=7"), Some((None, None)));
+        assert_eq!(parse_sim_marker("epoch 1 loss 0.3"), None);
+    }
+
+    #[test]
+    fn a_jobs_memory_sums_its_processes_per_gpu_and_peaks_over_gpus() {
+        let p = |pid, used_mib| ProcessMemory { pid, used_mib };
+        // Group 100 = pids 1, 2 (a job and its data-loader child); group 200 = pid 3.
+        let group = |pid: u32| match pid {
+            1 | 2 => Some(100),
+            3 => Some(200),
+            _ => None,
+        };
+        let per_gpu = vec![
+            vec![p(1, 3000), p(2, 500), p(3, 700), p(9, 9999)],
+            vec![p(1, 4000), p(3, 100)],
+        ];
+        let by_group = memory_by_group(&per_gpu, group);
+        assert_eq!(by_group.get(&100), Some(&4000));
+        assert_eq!(by_group.get(&200), Some(&700));
+        assert_eq!(by_group.len(), 2, "processes that are gone are ignored");
+    }
+}
