@@ -53,7 +53,8 @@ pub struct Estimate {
 /// The family of a command: the same program and flags, with every argument *value*
 /// replaced by `*`. A value is a token that follows a flag (`--lr 0.1`), the part after `=`
 /// of a flag (`--lr=0.1`), or a token that reads as a number (`0.1`, `-3`, `1e-4`). The
-/// program, flags and other words (script names, subcommands) are kept, so
+/// program, flags and other words (script names, subcommands) are kept, and so is a token
+/// holding whitespace (a script, as in `sh -c 'python train.py'`: code, not a value), so
 /// `python train.py --lr 0.1 --batch-size 64` and `python train.py --lr 0.01 --batch-size
 /// 128` share the family `python train.py --lr * --batch-size *`.
 pub fn family_key(command: &[String]) -> String {
@@ -73,7 +74,7 @@ pub fn family_key(command: &[String]) -> String {
                     after_flag = true;
                 }
             }
-        } else if i > 0 && (after_flag || number) {
+        } else if i > 0 && (after_flag || number) && !token.contains(char::is_whitespace) {
             out.push("*".to_owned());
             after_flag = false;
         } else {
@@ -151,6 +152,12 @@ mod tests {
             family_key(&cmd("ladle consume --epochs=4 --step-ms 20"))
         );
         assert_eq!(family_key(&cmd("train -3 1e-4")), "train * *");
+        let script = |s: &str| vec!["sh".to_owned(), "-c".to_owned(), s.to_owned()];
+        assert_ne!(
+            family_key(&script("python a.py")),
+            family_key(&script("python b.py")),
+            "a script is code, not a value"
+        );
         // A flag that takes no value is kept as a flag; the word after it counts as its value.
         assert_eq!(family_key(&cmd("train --amp resnet")), "train --amp *");
     }

@@ -162,7 +162,9 @@ fn an_out_of_memory_exit_is_retried_alone_with_a_raised_estimate() {
     assert_eq!(job["attempts"], 2);
     assert_eq!(job["oom_retries"], 1);
     assert_eq!(job["exclusive"], true);
-    assert_eq!(job["estimate_mib"], 6144, "1.5 × 4 GiB");
+    // It hit its MPS limit, max(4 GiB + 2 GiB, 1.5 × 4 GiB) = 6 GiB: the retry is estimated
+    // from what the attempt reached (1.1 × 6144), not from a multiplied estimate.
+    assert_eq!(job["estimate_mib"], 6759, "1.1 × the 6 GiB limit it hit");
 }
 
 #[test]

@@ -149,9 +149,9 @@ impl Daemon {
                 if let Some(live) = self.live.get_mut(&id) {
                     live.child = Some(child);
                     if simulated {
-                        // A simulated GPU shows the job at once, holding its load.
+                        // A simulated GPU shows the job at once, holding its estimate until
+                        // it reports its memory (its peak is what it reports).
                         live.seen_at = Some(now);
-                        live.peak_mib = Some(live.sim_load.mem_mib);
                         load = Some(live.sim_load);
                     }
                 }
@@ -300,7 +300,7 @@ impl Daemon {
                 (
                     Outcome::OutOfMemory,
                     format!(
-                        "out of GPU memory ({seen}); retry {} of {max_retries}, alone until measured",
+                        "out of memory on the GPU ({seen}); retry {} of {max_retries}, alone until measured",
                         job.oom_retries + 1
                     ),
                 )
@@ -308,7 +308,7 @@ impl Daemon {
                 (
                     Outcome::OutOfMemory,
                     format!(
-                        "out of GPU memory ({seen}) after {max_retries} retries; not retried again"
+                        "out of memory on the GPU ({seen}) after {max_retries} retries; not retried again"
                     ),
                 )
             }
