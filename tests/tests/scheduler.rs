@@ -104,9 +104,10 @@ fn spawn_daemon(fx: &mut Fixture, gpus: u32, extra: &[&str]) -> usize {
         &gpus,
         "--sim-gpu-mem",
         "40GiB",
-        "--settle-s",
-        "0",
     ];
+    if !extra.contains(&"--settle-s") {
+        args.extend_from_slice(&["--settle-s", "0"]);
+    }
     args.extend_from_slice(extra);
     let i = fx.spawn(&args);
     let deadline = Instant::now() + GUARD;
@@ -147,6 +148,62 @@ fn submitted_jobs_run_as_child_processes_with_their_own_logs() {
         "1.5 × 6 GiB: {}",
         logs.stdout
     );
+}
+
+#[test]
+fn a_job_that_declares_no_memory_is_never_limited_by_the_default_guess() {
+    let mut s = Scheduler::start(1, &[]);
+    // A declared job holds the GPU, so the next ones are collocated with it.
+    let holder = s.submit(
+        &["--gpu-mem", "2GiB"],
+        "echo \"limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\"; sleep 60",
+    );
+    s.wait_for(holder, &["running"]);
+    let guessed = s.submit(&[], "echo \"limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\"");
+    let declared = s.submit(
+        &["--gpu-mem", "1GiB"],
+        "echo \"limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\"",
+    );
+    let guessed_job = s.wait_for(guessed, &["succeeded"]);
+    assert_eq!(guessed_job["estimate_mib"], 4096, "the default guess");
+    s.wait_for(declared, &["succeeded"]);
+    let out = |s: &mut Scheduler, id: u64| {
+        let dir = s.dir_arg();
+        let logs = s.fx.run(&["logs", "--dir", &dir, &id.to_string()], GUARD);
+        assert!(logs.status.success(), "{}", logs.stderr);
+        logs.stdout
+    };
+    let guessed_out = out(&mut s, guessed);
+    assert!(
+        guessed_out.contains("limit=\n") || guessed_out.trim_end().ends_with("limit="),
+        "a guess gives no MPS memory limit: {guessed_out}"
+    );
+    let declared_out = out(&mut s, declared);
+    assert!(
+        declared_out.contains("limit=0=3072M"),
+        "a declared estimate does: {declared_out}"
+    );
+    let dir = s.dir_arg();
+    let cancel =
+        s.fx.run(&["cancel", "--dir", &dir, &holder.to_string()], GUARD);
+    assert!(cancel.status.success(), "{}", cancel.stderr);
+}
+
+#[test]
+fn the_settle_lock_ends_once_the_new_job_is_seen_on_its_gpu_not_after_a_fixed_time() {
+    // A settle lock of 10 minutes: the second job can only start while the first still
+    // runs if the lock ended when the first was seen (simulated GPUs show a job at once).
+    let mut s = Scheduler::start(1, &["--settle-s", "600"]);
+    let first = s.submit(&["--gpu-mem", "1GiB"], "sleep 120");
+    s.wait_for(first, &["running"]);
+    let second = s.submit(&["--gpu-mem", "1GiB"], "echo ran");
+    s.wait_for(second, &["succeeded"]);
+    assert_eq!(s.job(first)["state"], "running", "they overlapped");
+    let dir = s.dir_arg();
+    let cancel =
+        s.fx.run(&["cancel", "--dir", &dir, &first.to_string()], GUARD);
+    assert!(cancel.status.success(), "{}", cancel.stderr);
+    s.wait_for(first, &["cancelled"]);
 }
 
 #[test]
