@@ -456,6 +456,188 @@ mod tests {
         assert_eq!(sim.sample(0).unwrap().memory_used_mib, 600);
     }
 
+    fn foreign(pid: u32, mem_mib: u64) -> SimProcess {
+        SimProcess {
+            pid,
+            mem_mib,
+            sm: 0.2,
+            mps_only: false,
+            memory_unreported: false,
+        }
+    }
+
+    #[test]
+    fn foreign_processes_use_memory_and_show_as_other_users() {
+        let mut sim = SimGpus::new(1, 40_000);
+        sim.place(
+            0,
+            100,
+            SimLoad {
+                mem_mib: 5000,
+                sm: 0.3,
+            },
+        );
+        sim.add_foreign(0, foreign(4242, 8000));
+        let s = sim.sample(0).unwrap();
+        assert_eq!(s.memory_used_mib, 13_000);
+        assert!((sim.demand(0) - 0.5).abs() < 1e-12);
+        assert_eq!(sim.jobs(0), 1, "foreign processes are not jobs");
+        let other = s.foreign(|pid| pid == 100).unwrap();
+        assert_eq!(other.processes.len(), 1);
+        assert_eq!(other.processes[0].pid, 4242);
+        assert_eq!(other.memory_mib, 8000);
+        sim.remove_foreign(4242);
+        assert_eq!(sim.sample(0).unwrap().memory_used_mib, 5000);
+    }
+
+    #[test]
+    fn an_mps_only_client_shows_through_the_mps_list_alone() {
+        let mut sim = SimGpus::new(1, 40_000);
+        sim.add_foreign(
+            0,
+            SimProcess {
+                mps_only: true,
+                memory_unreported: true,
+                ..foreign(77, 3000)
+            },
+        );
+        let s = sim.sample(0).unwrap();
+        let processes = s.gpu_processes.unwrap();
+        assert_eq!(processes.len(), 1);
+        assert!(processes[0].mps && !processes[0].compute);
+        assert_eq!(
+            processes[0].used_mib, None,
+            "unreported memory is unknown, not 0"
+        );
+        assert_eq!(
+            s.memory_used_mib, 3000,
+            "the GPU's used memory still counts it"
+        );
+    }
+
+    #[test]
+    fn a_failing_process_query_makes_the_processes_unknown_not_empty() {
+        let mut sim = SimGpus::new(1, 40_000);
+        sim.add_foreign(0, foreign(4242, 8000));
+        sim.fail(0, SimCall::MpsProcesses, Some(1));
+        let s = sim.sample(0).unwrap();
+        assert!(!s.processes_known());
+        assert_eq!(s.foreign(|_| false), None);
+        assert_eq!(s.gaps.len(), 1);
+        assert_eq!(s.gaps[0].call, "mps_running_compute_processes");
+        assert_eq!(s.memory_used_mib, 8000, "memory is still read");
+        let next = sim.sample(0).unwrap();
+        assert!(next.processes_known(), "a one-time failure passes");
+        assert!(next.is_complete());
+    }
+
+    #[test]
+    fn a_failing_memory_query_fails_the_sample_instead_of_reading_zero() {
+        let mut sim = SimGpus::new(1, 40_000);
+        sim.add_foreign(0, foreign(4242, 8000));
+        sim.fail(0, SimCall::MemoryInfo, None);
+        for _ in 0..3 {
+            assert!(matches!(
+                sim.sample(0),
+                Err(TelemetryError::Simulated {
+                    call: "memory_info",
+                    ..
+                })
+            ));
+        }
+        sim.clear_failures(0);
+        assert_eq!(sim.sample(0).unwrap().memory_used_mib, 8000);
+    }
+
+    #[test]
+    fn a_failing_compute_metrics_read_degrades_only_that_sample() {
+        let mut sim = SimGpus::new(1, 40_000);
+        sim.place(
+            0,
+            1,
+            SimLoad {
+                mem_mib: 1,
+                sm: 0.9,
+            },
+        );
+        sim.fail(0, SimCall::ComputeMetrics, Some(1));
+        let s = sim.sample(0).unwrap();
+        assert_eq!(s.compute_source, ComputeSource::UtilizationOnly);
+        assert_eq!(s.sm_occupancy, None);
+        assert_eq!(s.gaps[0].call, "compute_metrics");
+        assert!((s.utilization - 0.9).abs() < 1e-12);
+        assert_eq!(sim.sample(0).unwrap().compute_source, ComputeSource::Gpm);
+    }
+
+    #[test]
+    fn a_gpu_without_gpm_or_dcgm_gives_utilisation_only() {
+        let mut sim = SimGpus::new(1, 40_000);
+        sim.set_compute_source(0, ComputeSource::UtilizationOnly);
+        sim.place(
+            0,
+            1,
+            SimLoad {
+                mem_mib: 1,
+                sm: 0.6,
+            },
+        );
+        assert!(sim.gpus()[0].compute_source.is_degraded());
+        assert!(sim.gpus()[0].compute_source_note.is_some());
+        let s = sim.sample(0).unwrap();
+        assert_eq!(
+            (s.sm_activity, s.sm_occupancy, s.dram_bandwidth),
+            (None, None, None)
+        );
+        assert!(
+            s.is_complete(),
+            "a GPU without the metrics is not a failed read"
+        );
+        let mut windows = crate::telemetry::GpuWindows::default();
+        windows.push(s);
+        let risk = windows.risk();
+        assert!((risk.sm_activity - 0.6).abs() < 1e-12);
+        assert_eq!(risk.sm_occupancy, None);
+    }
+
+    #[test]
+    fn compute_modes_are_reported_and_prohibited_is_unsuitable() {
+        let mut sim = SimGpus::new(2, 40_000);
+        sim.set_compute_mode(0, ComputeMode::Prohibited);
+        sim.set_compute_mode(1, ComputeMode::ExclusiveProcess);
+        let gpus = sim.gpus();
+        assert_eq!(gpus[0].compute_mode, Some(ComputeMode::Prohibited));
+        assert_eq!(gpus[0].unsuitable.len(), 1);
+        assert!(gpus[1].unsuitable.is_empty());
+        assert!(!gpus[1].collocation(false).collocation);
+        assert!(gpus[1].collocation(true).collocation);
+        sim.set_compute_mode(0, ComputeMode::Default);
+        assert!(sim.gpus()[0].unsuitable.is_empty());
+    }
+
+    #[test]
+    fn a_scenario_is_read_from_json_and_checked() {
+        let json = r#"{"gpus": [{"gpu": 0, "compute_mode": "exclusive_process",
+            "compute_source": "utilization_only",
+            "foreign": [{"pid": 4242, "mem_mib": 8000, "mps_only": true}],
+            "failing": ["compute_processes"]}]}"#;
+        let scenario = SimScenario::from_json(json).unwrap();
+        let mut sim = SimGpus::new(2, 40_000);
+        sim.apply(&scenario).unwrap();
+        assert_eq!(
+            sim.gpus()[0].compute_mode,
+            Some(ComputeMode::ExclusiveProcess)
+        );
+        let s = sim.sample(0).unwrap();
+        assert!(!s.processes_known());
+        assert_eq!(s.memory_used_mib, 8000);
+        assert!(SimScenario::from_json(r#"{"gpus": [{"gpu": 0, "fail": []}]}"#).is_err());
+        let too_far = SimScenario::from_json(r#"{"gpus": [{"gpu": 5}]}"#).unwrap();
+        assert!(matches!(
+            sim.apply(&too_far),
+            Err(TelemetryError::NoSuchGpu { gpu: 5, count: 2 })
+        ));
+    }
+
     #[test]
     fn summed_memory_saturates_instead_of_overflowing() {
         let mut sim = SimGpus::new(1, 1000);
