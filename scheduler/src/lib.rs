@@ -45,9 +45,9 @@
 //!   high). No driver is [`telemetry::TelemetryError::NvmlUnavailable`], never a panic.
 //! - The simulated backend serves the tests, the daemon's `--gpu sim` mode and the
 //!   simulator; its model is in [`telemetry::sim`] and [`sim`].
-//! - MPS limits are set with `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in the `0=6144M` form, one
-//!   entry per device the client sees. This, and the MPS start/adopt/quit path, have not
-//!   yet run against a real GPU (none was available while this crate was written).
+//! - MPS limits are set with `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in the `GPU-<uuid>=6144M`
+//!   form, one entry per GPU of the job ([`mps::pinned_mem_limit`] cites NVIDIA's format);
+//!   the checks that still need a real GPU are listed in [`telemetry`].
 //!
 //! ## Measured (simulator, not hardware)
 //! On the generated 60-job CARMA-like trace of seed 1, 3 GPUs of 40 GiB, `ladle` finishes

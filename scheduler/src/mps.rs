@@ -6,14 +6,13 @@
 //! daemon itself has a restricted view). Each job gets
 //! - `CUDA_VISIBLE_DEVICES=GPU-uuid[,GPU-uuid…]`,
 //! - `CUDA_MPS_PIPE_DIRECTORY` / `CUDA_MPS_LOG_DIRECTORY` of this daemon,
-//! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=6144M[,1=6144M…]` (per device ordinal as the
-//!   client sees them, i.e. 0, 1, … in `CUDA_VISIBLE_DEVICES` order) when the policy sets a
-//!   limit (format: NVIDIA's MPS documentation, "Appendix: Environment Variables",
-//!   <https://docs.nvidia.com/deploy/mps/latest/appendix-environment-variables.html>). Checked
-//!   on an H100 with driver 580 (`benches/gpu/scheduler_check.py`): a client under `0=2048M`
-//!   allocates 1 GiB and fails with CUDA out of memory at 4 GiB more while its unlimited
-//!   neighbour allocates 4 GiB; `0=2G` and `GPU-<uuid>=2048M` limit the same way. The limit
-//!   covers the client's CUDA context too (torch saw 1534 MiB free under `0=2048M`), and
+//! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-<uuid>=6144M[,GPU-<uuid>=6144M…]` when the policy
+//!   sets a limit: one entry per GPU of the job, keyed by the GPU's UUID (see [`pinned_mem_limit`]
+//!   for the format and NVIDIA's documentation of it). Checked on an H100 with driver 580
+//!   (`benches/gpu/scheduler_check.py`): a client under `0=2048M` allocates 1 GiB and fails
+//!   with CUDA out of memory at 4 GiB more while its unlimited neighbour allocates 4 GiB;
+//!   `0=2G` and `GPU-<uuid>=2048M` limit the same way. The limit covers the client's CUDA
+//!   context too (torch saw 1534 MiB free under `0=2048M`), and
 //! - `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when the submission asks for it.
 //!
 //! ladle never changes compute mode, clocks, persistence mode or MIG; unsuitable settings
@@ -190,9 +189,36 @@ impl Mps {
     }
 }
 
+/// The value of `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` that limits a client to `limit_mib` MiB on
+/// each GPU in `uuids`: `GPU-<uuid>=<limit>M`, comma-separated.
+///
+/// The format is NVIDIA's, from the MPS documentation, "Appendix: Environment Variables",
+/// section `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`
+/// (<https://docs.nvidia.com/deploy/mps/latest/appendix-environment-variables.html>): the
+/// variable "will have the same semantics as `CUDA_VISIBLE_DEVICES` i.e. the value string can
+/// contain comma-separated device ordinals and/or device UUIDs with per device memory limit
+/// separated by an equals", example `0=1G,1=512MB`. The unit suffix follows the control
+/// daemon's `set_default_device_pinned_mem_limit` in the same guide ("Legacy MPS v2
+/// Interface", <https://docs.nvidia.com/deploy/mps/latest/mpsv2-interface.html>): "an integer
+/// followed by a qualifier, either "G" or "M" that specifies the value in Gigabyte or Megabyte
+/// respectively".
+///
+/// Keyed by UUID rather than ordinal: an ordinal is ambiguous between the client's view
+/// (0, 1, … in `CUDA_VISIBLE_DEVICES` order, what ladle wrote before) and the MPS server's
+/// enumeration (every GPU, as the control daemon starts without `CUDA_VISIBLE_DEVICES`), and
+/// the documentation does not say which; a UUID names one GPU in both. Both forms limited the
+/// same way on a one-GPU H100, which cannot tell the two ordinal readings apart.
+pub fn pinned_mem_limit(uuids: &[&str], limit_mib: u64) -> String {
+    uuids
+        .iter()
+        .map(|uuid| format!("{uuid}={limit_mib}M"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The environment a job gets for its GPUs: their UUIDs in `CUDA_VISIBLE_DEVICES`, the MPS
-/// pinned-memory limit per visible device when `limit_mib` is set, and the active thread
-/// percentage when asked.
+/// pinned-memory limit per GPU ([`pinned_mem_limit`]) when `limit_mib` is set, and the active
+/// thread percentage when asked.
 pub fn job_env(
     uuids: &[&str],
     limit_mib: Option<u64>,
@@ -200,10 +226,9 @@ pub fn job_env(
 ) -> Vec<(String, String)> {
     let mut env = vec![("CUDA_VISIBLE_DEVICES".to_owned(), uuids.join(","))];
     if let Some(limit) = limit_mib {
-        let per_device: Vec<String> = (0..uuids.len()).map(|i| format!("{i}={limit}M")).collect();
         env.push((
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
-            per_device.join(","),
+            pinned_mem_limit(uuids, limit),
         ));
     }
     if let Some(pct) = thread_percentage {
@@ -220,7 +245,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_job_sees_its_gpus_by_uuid_with_a_limit_per_visible_device() {
+    fn a_job_sees_its_gpus_by_uuid_with_a_limit_per_gpu_keyed_by_uuid() {
         let env = job_env(&["GPU-aaa", "GPU-bbb"], Some(6144), Some(50));
         assert_eq!(
             env,
@@ -231,7 +256,7 @@ mod tests {
                 ),
                 (
                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
-                    "0=6144M,1=6144M".to_owned()
+                    "GPU-aaa=6144M,GPU-bbb=6144M".to_owned()
                 ),
                 (
                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_owned(),
@@ -239,6 +264,20 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn the_pinned_limit_has_one_uuid_entry_with_a_megabyte_suffix_per_gpu() {
+        let uuid = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6";
+        assert_eq!(pinned_mem_limit(&[uuid], 2048), format!("{uuid}=2048M"));
+        let two = pinned_mem_limit(&["GPU-a", "GPU-b"], 512);
+        assert_eq!(two, "GPU-a=512M,GPU-b=512M");
+        for entry in two.split(',') {
+            let (device, limit) = entry.split_once('=').unwrap();
+            assert!(device.starts_with("GPU-"), "{entry}");
+            let digits = limit.strip_suffix('M').unwrap();
+            assert!(digits.parse::<u64>().is_ok(), "{entry}");
+        }
     }
 
     #[test]

@@ -1,10 +1,53 @@
 //! GPU telemetry behind one trait, two backends: [`nvml`] (a real GPU, through
 //! libnvidia-ml loaded at run time) and [`sim`] (simulated GPUs for tests, the daemon's
-//! `--gpu sim` mode and the trace simulator).
+//! `--gpu sim` mode and the trace simulator), plus [`dcgm`], the DCGM profiling metrics a
+//! GPU without GPM gets from a `dcgmi dmon` child process.
 //!
 //! The scheduler samples every GPU at 1 Hz and keeps the last 30 samples of each metric in a
 //! [`GpuWindows`]; admission reads the windows' risk scores, never a single sample.
+//!
+//! ## Trusting the GPU (CARMA's rule)
+//! - Processes: a sample lists every process NVML reports, from both
+//!   `nvmlDeviceGetComputeRunningProcesses` and `nvmlDeviceGetMPSComputeRunningProcesses`
+//!   (MPS clients may show only through the second), merged by pid
+//!   ([`GpuSample::gpu_processes`]). [`GpuSample::foreign`] gives the processes (and memory)
+//!   that are not the caller's jobs: other users on the same GPU.
+//! - Failures are explicit: a failed memory or utilisation query fails the whole sample
+//!   ([`TelemetryError`], never zeros); a failed process query leaves
+//!   [`GpuSample::gpu_processes`] `None` ("unknown", not "no processes") and a
+//!   [`SampleGap`] in [`GpuSample::gaps`]; a failed GPM or DCGM read leaves the three
+//!   compute metrics `None` (counted as high by admission) with
+//!   [`GpuSample::compute_source`] `UtilizationOnly` and a gap.
+//! - Compute mode: [`GpuInfo::compute_mode`], and [`GpuInfo::collocation`] says, given
+//!   whether MPS runs, whether jobs can share the GPU (ladle never changes the mode).
+//! - Compute screen source: [`GpuInfo::compute_source`] is GPM (Hopper and newer), DCGM
+//!   profiling fields 1002/1003/1005 (A100, L40 and other GPUs without GPM, when `dcgmi`
+//!   and its host engine work), or `UtilizationOnly`: the screen is then degraded, judging
+//!   SM activity by utilisation and counting occupancy and DRAM bandwidth as high.
+//!
+//! ## Checks that still need a real GPU
+//! None of these paths has run on a GPU yet; the simulated backend and a fake `dcgmi` cover
+//! their logic only.
+//! - `mps_running_compute_processes` under a running MPS server: which processes each NVML
+//!   call lists (clients, the `nvidia-cuda-mps-server` itself), and whether `used_gpu_memory`
+//!   is reported per client or as unavailable (then counted as unknown, not 0).
+//! - The merge: a client in both lists appears once, with its memory, and the sum of the
+//!   processes' memory is close to NVML's used memory.
+//! - Compute mode read on a GPU set to `EXCLUSIVE_PROCESS` and `PROHIBITED` by an
+//!   administrator (`nvidia-smi -c`), and a second job failing without MPS under
+//!   `EXCLUSIVE_PROCESS` as [`collocation_note`] predicts.
+//! - DCGM on an A100 or L40: `dcgmi dmon -e 1002,1003,1005 -d 1000` output matches the parser
+//!   (header, `GPU <id>` rows, `N/A`), DCGM's GPU ids equal NVML's indices, values track load,
+//!   and killing `nv-hostengine` degrades the GPU's samples instead of stalling them.
+//! - GPM on an H100: the three metrics after the second sample; a failed `gpm_sample` shows
+//!   as a gap.
+//! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` keyed by UUID on a machine with two or more GPUs,
+//!   a job on the second GPU (where an ordinal would be ambiguous), and whether `M` means
+//!   MiB or MB (allocate up to the limit and read where it fails).
+//! - OOM markers from real TensorFlow and JAX jobs under an MPS limit (the verbatim texts in
+//!   the tests come from their issue trackers, not from runs on this machine).
 
+pub mod dcgm;
 pub mod nvml;
 pub mod sim;
 
@@ -13,7 +56,7 @@ use serde::{Deserialize, Serialize};
 use crate::window::Window;
 
 pub use self::nvml::NvmlTelemetry;
-pub use self::sim::{SimGpus, SimLoad};
+pub use self::sim::{SimCall, SimGpuScenario, SimGpus, SimLoad, SimProcess, SimScenario};
 
 /// What the scheduler knows about one GPU that does not change while it runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +72,201 @@ pub struct GpuInfo {
     /// Why this GPU cannot take jobs (compute mode Prohibited, MIG enabled); empty when it
     /// can. ladle reports these and never changes the GPU's settings.
     pub unsuitable: Vec<String>,
+    /// The compute mode NVML reports; `None` when the query failed (then
+    /// [`GpuInfo::collocation`] warns that it cannot tell).
+    #[serde(default)]
+    pub compute_mode: Option<ComputeMode>,
+    /// Where SM activity, SM occupancy and DRAM bandwidth come from on this GPU.
+    #[serde(default)]
+    pub compute_source: ComputeSource,
+    /// Why the compute screen is degraded (no GPM and no working DCGM), for the log and
+    /// `ladle queue`; `None` when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_source_note: Option<String>,
+}
+
+impl GpuInfo {
+    /// A GPU described by index, UUID, name and total memory, with nothing unsuitable, the
+    /// compute mode unknown and the compute screen degraded (utilisation only).
+    pub fn new(index: u32, uuid: String, name: String, memory_total_mib: u64) -> Self {
+        Self {
+            index,
+            uuid,
+            name,
+            memory_total_mib,
+            unsuitable: Vec::new(),
+            compute_mode: None,
+            compute_source: ComputeSource::UtilizationOnly,
+            compute_source_note: None,
+        }
+    }
+
+    /// Whether jobs can share this GPU, given whether an MPS control daemon serves it, and a
+    /// note for the log and `ladle queue` ([`collocation_note`]).
+    pub fn collocation(&self, mps_running: bool) -> CollocationNote {
+        collocation_note(self.compute_mode, mps_running)
+    }
+}
+
+/// A GPU's compute mode (`nvidia-smi -q`, "Compute Mode"; NVML `nvmlComputeMode_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    /// Several processes may hold a context on the GPU at once.
+    Default,
+    /// One context used by one thread (support removed from current drivers).
+    ExclusiveThread,
+    /// No process may create a context: no compute at all.
+    Prohibited,
+    /// One process may hold a context at a time (with MPS, that process is the MPS server).
+    ExclusiveProcess,
+}
+
+impl std::fmt::Display for ComputeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Default => "Default",
+            Self::ExclusiveThread => "Exclusive_Thread",
+            Self::Prohibited => "Prohibited",
+            Self::ExclusiveProcess => "Exclusive_Process",
+        })
+    }
+}
+
+/// How serious a [`CollocationNote`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoteLevel {
+    /// Worth logging at `info`.
+    Info,
+    /// Worth logging at `warn`: jobs will not share the GPU, or will share it badly.
+    Warning,
+}
+
+/// What a GPU's compute mode means for collocation ([`collocation_note`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollocationNote {
+    /// Whether more than one job can run on the GPU at once.
+    pub collocation: bool,
+    /// The most jobs the GPU can run at once: `Some(0)` for no compute, `Some(1)` for one
+    /// process only, `None` for no limit from the compute mode (MPS's own client limit and
+    /// admission still apply).
+    pub max_jobs: Option<usize>,
+    /// How serious the note is.
+    pub level: NoteLevel,
+    /// The note, one sentence or two, naming the mode and what an administrator could do.
+    pub note: String,
+}
+
+/// What compute mode `mode` means for running several jobs on one GPU, given whether an MPS
+/// control daemon serves the GPU (ladle reports this and never changes the mode).
+///
+/// From NVIDIA's MPS documentation, "When to Use MPS", "Considerations" → "System
+/// Considerations" → "GPU Compute Modes"
+/// (<https://docs.nvidia.com/deploy/mps/latest/when-to-use-mps.html>): "Using MPS effectively
+/// causes EXCLUSIVE_PROCESS mode to behave like DEFAULT mode for all MPS clients", and "When
+/// using MPS it is recommended to use EXCLUSIVE_PROCESS mode to ensure that only a single MPS
+/// server is using the GPU"; "Exclusive-mode restrictions are applied to the MPS server, not
+/// MPS clients". Without MPS, EXCLUSIVE_PROCESS lets one process hold a context, so a second
+/// job fails to create one: collocation needs MPS there.
+pub fn collocation_note(mode: Option<ComputeMode>, mps_running: bool) -> CollocationNote {
+    let note = |collocation, max_jobs, level, text: &str| CollocationNote {
+        collocation,
+        max_jobs,
+        level,
+        note: text.to_owned(),
+    };
+    match (mode, mps_running) {
+        (Some(ComputeMode::Prohibited), _) => note(
+            false,
+            Some(0),
+            NoteLevel::Warning,
+            "compute mode is Prohibited: no process may create a CUDA context, so the GPU takes \
+             no jobs (an administrator can run `nvidia-smi -c DEFAULT` or `EXCLUSIVE_PROCESS`; \
+             ladle does not change it)",
+        ),
+        (Some(ComputeMode::ExclusiveThread), _) => note(
+            false,
+            Some(0),
+            NoteLevel::Warning,
+            "compute mode is Exclusive_Thread, which current drivers no longer support and MPS \
+             cannot share: the GPU takes no jobs (ladle does not change the mode)",
+        ),
+        (Some(ComputeMode::ExclusiveProcess), true) => note(
+            true,
+            None,
+            NoteLevel::Info,
+            "compute mode is Exclusive_Process with MPS, NVIDIA's recommended setting: the MPS \
+             server is the one process on the GPU and jobs share it as MPS clients",
+        ),
+        (Some(ComputeMode::ExclusiveProcess), false) => note(
+            false,
+            Some(1),
+            NoteLevel::Warning,
+            "compute mode is Exclusive_Process without MPS: one process may use the GPU, so it \
+             runs one job at a time (start MPS to share it, or ask an administrator for \
+             `nvidia-smi -c DEFAULT`)",
+        ),
+        (Some(ComputeMode::Default), true) => note(
+            true,
+            None,
+            NoteLevel::Info,
+            "compute mode is Default with MPS: jobs share the GPU as MPS clients; a process \
+             started outside MPS can still take its own context (NVIDIA recommends \
+             Exclusive_Process with MPS)",
+        ),
+        (Some(ComputeMode::Default), false) => note(
+            true,
+            None,
+            NoteLevel::Warning,
+            "compute mode is Default without MPS: jobs share the GPU by time-slicing, without \
+             MPS's concurrent kernels or per-job memory limits",
+        ),
+        (None, mps) => note(
+            true,
+            None,
+            NoteLevel::Warning,
+            if mps {
+                "compute mode unknown (NVML could not read it): assuming jobs can share the GPU \
+                 through MPS"
+            } else {
+                "compute mode unknown (NVML could not read it) and no MPS: if the GPU is \
+                 Exclusive_Process, a second job will fail to start"
+            },
+        ),
+    }
+}
+
+/// Where a GPU's SM activity, SM occupancy and DRAM bandwidth come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeSource {
+    /// NVML's GPU Performance Monitoring (Hopper and newer).
+    Gpm,
+    /// DCGM profiling fields 1002 (SM active), 1003 (SM occupancy), 1005 (DRAM active),
+    /// streamed by `dcgmi dmon` ([`dcgm`]).
+    Dcgm,
+    /// None: the compute screen is degraded, judging SM activity by NVML utilisation and
+    /// counting the unknown occupancy and bandwidth as high.
+    #[default]
+    UtilizationOnly,
+}
+
+impl ComputeSource {
+    /// Whether the compute screen is degraded (utilisation only).
+    pub fn is_degraded(self) -> bool {
+        self == Self::UtilizationOnly
+    }
+}
+
+impl std::fmt::Display for ComputeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Gpm => "GPM",
+            Self::Dcgm => "DCGM",
+            Self::UtilizationOnly => "utilisation only (degraded)",
+        })
+    }
 }
 
 /// One GPU process's memory.
@@ -38,6 +276,90 @@ pub struct ProcessMemory {
     pub pid: u32,
     /// Device memory it holds, in MiB.
     pub used_mib: u64,
+}
+
+/// One process NVML reports on a GPU, from either process call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// The process id (in the host's pid namespace).
+    pub pid: u32,
+    /// Device memory it holds, MiB; `None` when NVML does not say (it may report the value
+    /// as unavailable, as under WDDM, and possibly for MPS clients): unknown, not 0.
+    pub used_mib: Option<u64>,
+    /// Listed by `nvmlDeviceGetComputeRunningProcesses`.
+    pub compute: bool,
+    /// Listed by `nvmlDeviceGetMPSComputeRunningProcesses` (an MPS client).
+    pub mps: bool,
+    /// The process's name (`/proc/<pid>/comm`, at most 15 characters), when it can be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl GpuProcess {
+    /// Whether this is an MPS server (`nvidia-cuda-mps-server`, whose `comm` is cut to
+    /// `nvidia-cuda-mps`): infrastructure, not a user's job.
+    pub fn is_mps_server(&self) -> bool {
+        self.name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("nvidia-cuda-mps"))
+    }
+}
+
+/// One process as one NVML call lists it, before the two calls are merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Device memory, MiB; `None` when unavailable.
+    pub used_mib: Option<u64>,
+}
+
+/// Merges the compute and MPS process lists by pid: a process in both appears once, marked
+/// as both, with the larger of the memories known. Sorted by pid.
+pub fn merge_processes(compute: &[RawProcess], mps: &[RawProcess]) -> Vec<GpuProcess> {
+    let mut by_pid: std::collections::BTreeMap<u32, GpuProcess> = std::collections::BTreeMap::new();
+    for (list, is_mps) in [(compute, false), (mps, true)] {
+        for p in list {
+            let entry = by_pid.entry(p.pid).or_insert_with(|| GpuProcess {
+                pid: p.pid,
+                used_mib: None,
+                compute: false,
+                mps: false,
+                name: None,
+            });
+            entry.used_mib = match (entry.used_mib, p.used_mib) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if is_mps {
+                entry.mps = true;
+            } else {
+                entry.compute = true;
+            }
+        }
+    }
+    by_pid.into_values().collect()
+}
+
+/// A part of a sample that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleGap {
+    /// The query that failed (`running_compute_processes`, `mps_running_compute_processes`,
+    /// `gpm_sample`, `dcgm`, …).
+    pub call: String,
+    /// Why, in words.
+    pub error: String,
+}
+
+/// The processes on a GPU that are not the caller's ([`GpuSample::foreign`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ForeignUse {
+    /// The processes, MPS servers left out.
+    pub processes: Vec<GpuProcess>,
+    /// Their device memory whose amount NVML reports, MiB.
+    pub memory_mib: u64,
+    /// How many of them hold memory NVML does not report.
+    pub memory_unknown: usize,
 }
 
 /// One reading of one GPU. Fractions are 0 – 1.
@@ -56,14 +378,56 @@ pub struct GpuSample {
     pub sm_occupancy: Option<f64>,
     /// DRAM bandwidth utilisation, GPM only.
     pub dram_bandwidth: Option<f64>,
-    /// Memory of every compute process on the GPU.
+    /// Memory of every process [`GpuSample::gpu_processes`] lists (both NVML calls), an
+    /// unreported amount as 0; when a process call failed, the processes that were read (so
+    /// it may be incomplete: [`GpuSample::gpu_processes`] is `None` then).
     pub processes: Vec<ProcessMemory>,
+    /// Every process on the GPU, from NVML's compute and MPS process calls merged by pid;
+    /// `None` when either call failed: the processes are unknown, which is not "none".
+    #[serde(default)]
+    pub gpu_processes: Option<Vec<GpuProcess>>,
+    /// Where this sample's SM activity, occupancy and DRAM bandwidth came from:
+    /// `UtilizationOnly` when they are `None`, including a GPM or DCGM read that failed.
+    #[serde(default)]
+    pub compute_source: ComputeSource,
+    /// The queries of this sample that failed; empty when it is complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<SampleGap>,
 }
 
 impl GpuSample {
     /// Free device memory, MiB.
     pub fn memory_free_mib(&self) -> u64 {
         self.memory_total_mib.saturating_sub(self.memory_used_mib)
+    }
+
+    /// Whether the GPU's processes are known (both process calls succeeded).
+    pub fn processes_known(&self) -> bool {
+        self.gpu_processes.is_some()
+    }
+
+    /// Whether every query of this sample succeeded.
+    pub fn is_complete(&self) -> bool {
+        self.gaps.is_empty()
+    }
+
+    /// The processes that are not the caller's, by `is_ours(pid)` (the daemon: the pid's
+    /// process group is one of its jobs'), MPS servers left out; `None` when the processes
+    /// are unknown, which a caller must not read as "no other users".
+    pub fn foreign(&self, is_ours: impl Fn(u32) -> bool) -> Option<ForeignUse> {
+        let processes = self.gpu_processes.as_ref()?;
+        let mut foreign = ForeignUse::default();
+        for p in processes {
+            if is_ours(p.pid) || p.is_mps_server() {
+                continue;
+            }
+            match p.used_mib {
+                Some(mib) => foreign.memory_mib = foreign.memory_mib.saturating_add(mib),
+                None => foreign.memory_unknown += 1,
+            }
+            foreign.processes.push(p.clone());
+        }
+        Some(foreign)
     }
 }
 
@@ -89,6 +453,14 @@ pub enum TelemetryError {
         /// NVML's error.
         #[source]
         source: ::nvml_wrapper::error::NvmlError,
+    },
+    /// A simulated query failed, as the simulated backend was told to ([`SimGpus::fail`]).
+    #[error("simulated {call} failed on GPU {gpu}")]
+    Simulated {
+        /// GPU index.
+        gpu: u32,
+        /// The simulated query.
+        call: &'static str,
     },
     /// The machine has no GPU the backend can see.
     #[error("no GPUs found")]
@@ -134,16 +506,21 @@ pub struct GpuWindows {
 }
 
 impl GpuWindows {
-    /// Adds one sample to every window.
+    /// Adds one sample to every window. A sample without SM occupancy or DRAM bandwidth
+    /// (no GPM or DCGM, or their read failed) empties that window, so its risk is unknown
+    /// (counted as high by admission) instead of resting on readings from before the source
+    /// failed.
     pub fn push(&mut self, sample: GpuSample) {
         self.utilization.push(sample.utilization);
         self.sm_activity
             .push(sample.sm_activity.unwrap_or(sample.utilization));
-        if let Some(x) = sample.sm_occupancy {
-            self.sm_occupancy.push(x);
+        match sample.sm_occupancy {
+            Some(x) => self.sm_occupancy.push(x),
+            None => self.sm_occupancy = Window::default(),
         }
-        if let Some(x) = sample.dram_bandwidth {
-            self.dram_bandwidth.push(x);
+        match sample.dram_bandwidth {
+            Some(x) => self.dram_bandwidth.push(x),
+            None => self.dram_bandwidth = Window::default(),
         }
         self.last = Some(sample);
     }
@@ -190,6 +567,14 @@ mod tests {
             assert_eq!(s.memory_total_mib, info.memory_total_mib);
             assert!(s.memory_used_mib <= s.memory_total_mib);
             assert!((0.0..=1.0).contains(&s.utilization));
+            if s.is_complete() {
+                assert!(s.processes_known(), "a complete sample knows its processes");
+            }
+            assert_eq!(
+                s.compute_source == ComputeSource::UtilizationOnly,
+                s.sm_occupancy.is_none() || s.dram_bandwidth.is_none(),
+                "the source says whether the compute metrics are there"
+            );
             for x in [s.sm_activity, s.sm_occupancy, s.dram_bandwidth]
                 .into_iter()
                 .flatten()
@@ -223,6 +608,19 @@ mod tests {
     }
 
     #[test]
+    fn the_simulated_backend_conforms_with_foreign_processes_and_no_gpm() {
+        let mut sim = SimGpus::new(2, 40 * 1024);
+        let scenario = SimScenario::from_json(
+            r#"{"gpus": [{"gpu": 1, "compute_source": "utilization_only",
+                 "compute_mode": "exclusive_process",
+                 "foreign": [{"pid": 4242, "mem_mib": 8000, "mps_only": true}]}]}"#,
+        )
+        .unwrap();
+        sim.apply(&scenario).unwrap();
+        conforms(&mut sim);
+    }
+
+    #[test]
     fn the_nvml_backend_conforms_or_reports_a_typed_error_without_a_gpu() {
         match NvmlTelemetry::open() {
             Ok(mut nvml) => conforms(&mut nvml),
@@ -234,6 +632,164 @@ mod tests {
                 "{e}"
             ),
         }
+    }
+
+    #[test]
+    fn a_process_in_both_nvml_lists_is_merged_once_by_pid() {
+        let compute = [
+            RawProcess {
+                pid: 7,
+                used_mib: Some(1000),
+            },
+            RawProcess {
+                pid: 3,
+                used_mib: None,
+            },
+        ];
+        let mps = [
+            RawProcess {
+                pid: 7,
+                used_mib: Some(1200),
+            },
+            RawProcess {
+                pid: 9,
+                used_mib: Some(500),
+            },
+        ];
+        let merged = merge_processes(&compute, &mps);
+        let pids: Vec<u32> = merged.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [3, 7, 9]);
+        assert_eq!(merged[0].used_mib, None, "unknown memory stays unknown");
+        assert!(merged[1].compute && merged[1].mps);
+        assert_eq!(merged[1].used_mib, Some(1200));
+        assert!(!merged[2].compute && merged[2].mps);
+    }
+
+    fn process(pid: u32, used_mib: Option<u64>, name: Option<&str>) -> GpuProcess {
+        GpuProcess {
+            pid,
+            used_mib,
+            compute: true,
+            mps: false,
+            name: name.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn foreign_use_counts_other_users_processes_and_leaves_out_ours_and_the_mps_server() {
+        let sample = GpuSample {
+            gpu_processes: Some(vec![
+                process(10, Some(4000), Some("python")),
+                process(20, Some(3000), Some("python")),
+                process(30, None, Some("java")),
+                process(40, Some(300), Some("nvidia-cuda-mps")),
+            ]),
+            ..GpuSample::default()
+        };
+        let foreign = sample.foreign(|pid| pid == 10).unwrap();
+        let pids: Vec<u32> = foreign.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [20, 30]);
+        assert_eq!(foreign.memory_mib, 3000);
+        assert_eq!(foreign.memory_unknown, 1);
+    }
+
+    #[test]
+    fn unknown_processes_are_not_read_as_no_other_users() {
+        let sample = GpuSample {
+            gpu_processes: None,
+            gaps: vec![SampleGap {
+                call: "running_compute_processes".to_owned(),
+                error: "Unknown Error".to_owned(),
+            }],
+            ..GpuSample::default()
+        };
+        assert!(!sample.processes_known());
+        assert!(!sample.is_complete());
+        assert_eq!(sample.foreign(|_| false), None);
+        let none = GpuSample {
+            gpu_processes: Some(Vec::new()),
+            ..GpuSample::default()
+        };
+        assert_eq!(none.foreign(|_| false), Some(ForeignUse::default()));
+    }
+
+    #[test]
+    fn exclusive_process_needs_mps_to_collocate() {
+        let without = collocation_note(Some(ComputeMode::ExclusiveProcess), false);
+        assert!(!without.collocation);
+        assert_eq!(without.max_jobs, Some(1));
+        assert_eq!(without.level, NoteLevel::Warning);
+        assert!(without.note.contains("without MPS"), "{}", without.note);
+        let with = collocation_note(Some(ComputeMode::ExclusiveProcess), true);
+        assert!(with.collocation);
+        assert_eq!(with.max_jobs, None);
+        assert_eq!(with.level, NoteLevel::Info);
+    }
+
+    #[test]
+    fn prohibited_and_exclusive_thread_take_no_jobs_with_or_without_mps() {
+        for mode in [ComputeMode::Prohibited, ComputeMode::ExclusiveThread] {
+            for mps in [false, true] {
+                let note = collocation_note(Some(mode), mps);
+                assert!(!note.collocation);
+                assert_eq!(note.max_jobs, Some(0), "{mode} mps={mps}");
+                assert!(note.note.contains(&mode.to_string()), "{}", note.note);
+            }
+        }
+    }
+
+    #[test]
+    fn default_mode_collocates_and_warns_without_mps() {
+        let note = collocation_note(Some(ComputeMode::Default), false);
+        assert!(note.collocation);
+        assert_eq!(note.level, NoteLevel::Warning);
+        assert_eq!(
+            collocation_note(Some(ComputeMode::Default), true).level,
+            NoteLevel::Info
+        );
+        let unknown = collocation_note(None, false);
+        assert_eq!(unknown.level, NoteLevel::Warning);
+        assert!(unknown.note.contains("unknown"), "{}", unknown.note);
+    }
+
+    #[test]
+    fn a_sample_without_occupancy_empties_the_window_so_the_risk_is_unknown() {
+        let mut w = GpuWindows::default();
+        for _ in 0..5 {
+            w.push(GpuSample {
+                utilization: 0.5,
+                sm_activity: Some(0.5),
+                sm_occupancy: Some(0.2),
+                dram_bandwidth: Some(0.1),
+                compute_source: ComputeSource::Dcgm,
+                ..GpuSample::default()
+            });
+        }
+        assert!(w.risk().sm_occupancy.is_some());
+        w.push(GpuSample {
+            utilization: 0.5,
+            compute_source: ComputeSource::UtilizationOnly,
+            ..GpuSample::default()
+        });
+        let risk = w.risk();
+        assert_eq!(risk.sm_occupancy, None);
+        assert_eq!(risk.dram_bandwidth, None);
+    }
+
+    #[test]
+    fn gpu_info_and_samples_from_an_older_daemon_still_parse() {
+        let info: GpuInfo = serde_json::from_str(
+            r#"{"index":0,"uuid":"GPU-x","name":"A100","memory_total_mib":40960,"unsuitable":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(info.compute_mode, None);
+        assert_eq!(info.compute_source, ComputeSource::UtilizationOnly);
+        let sample: GpuSample = serde_json::from_str(
+            r#"{"memory_used_mib":1,"memory_total_mib":2,"utilization":0.1,"sm_activity":null,
+               "sm_occupancy":null,"dram_bandwidth":null,"processes":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(sample.gpu_processes, None);
     }
 
     #[test]
