@@ -228,14 +228,6 @@ pub fn is_out_of_memory(code: Option<i32>, stderr: &str) -> bool {
     code != Some(0) && out_of_memory_evidence(stderr).is_some()
 }
 
-/// The estimate for a retry after an out-of-memory exit: 1.5 × the old estimate, or
-/// 1.1 × the observed peak if that is more, capped at `cap_mib`.
-pub fn raised_estimate(estimate_mib: u64, peak_mib: Option<u64>, cap_mib: u64) -> u64 {
-    let by_factor = estimate_mib.saturating_mul(3).div_ceil(2);
-    let by_peak = peak_mib.map_or(0, |p| p.saturating_mul(11).div_ceil(10));
-    by_factor.max(by_peak).min(cap_mib).max(1)
-}
-
 /// The estimate learned from an observed peak: 1.1 × the peak.
 pub fn learned_estimate(peak_mib: u64) -> u64 {
     peak_mib.saturating_mul(11).div_ceil(10).max(1)
@@ -359,13 +351,6 @@ with:\n\tstatus = StatusCode.RESOURCE_EXHAUSTED\n\tdetails = \"Received message 
             Some(1),
             "Error: 8 RESOURCE_EXHAUSTED: Received message larger than max (2065853043 vs 67108864)"
         ));
-    }
-
-    #[test]
-    fn retries_raise_the_estimate_by_half_or_to_the_peak() {
-        assert_eq!(raised_estimate(4000, None, 40_960), 6000);
-        assert_eq!(raised_estimate(4000, Some(10_000), 40_960), 11_000);
-        assert_eq!(raised_estimate(40_000, None, 40_960), 40_960);
     }
 
     #[test]
