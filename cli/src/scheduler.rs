@@ -12,6 +12,7 @@ use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
 use ladle_scheduler::job::{JobSpec, JobState};
 use ladle_scheduler::policy::Policy;
 use ladle_scheduler::protocol::{self, Request, Response};
+use ladle_scheduler::telemetry::{DcgmMode, SimScenario};
 use ladle_scheduler::units::{format_mib, parse_mib};
 
 /// How long a client waits for the daemon's answer.
@@ -116,6 +117,20 @@ pub(crate) struct DaemonOptions {
     /// (default: this machine's).
     #[arg(long)]
     cpu_cores: Option<u32>,
+    /// Simulated GPUs only: a JSON file of what they show beside the scheduler's jobs, e.g.
+    /// `{"gpus": [{"gpu": 0, "foreign": [{"pid": 4242, "mem_mib": 8000}], "failing":
+    /// ["mps_processes"], "compute_mode": "exclusive_process"}]}` (other users' processes,
+    /// failing NVML calls, compute modes: the real-GPU paths, without a GPU).
+    #[arg(long, value_name = "FILE")]
+    sim_scenario: Option<PathBuf>,
+    /// DCGM profiling metrics for GPUs without GPM (A100, L40): `auto` runs `dcgmi dmon` from
+    /// PATH when one is there, `off` never (the compute screen then reads utilisation only),
+    /// or the path of a `dcgmi` to run.
+    #[arg(long, default_value = "auto", value_name = "auto|off|PATH")]
+    dcgm: String,
+    /// Telemetry and admission period, milliseconds (a 30-sample window spans 30 periods).
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    tick_ms: u64,
 }
 
 impl DaemonOptions {
@@ -155,6 +170,23 @@ impl DaemonOptions {
         if let Some(cores) = self.cpu_cores {
             config.cpu_cores = cores;
         }
+        if let Some(path) = &self.sim_scenario {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--sim-scenario {}", path.display()))?;
+            config.sim_scenario = Some(
+                SimScenario::from_json(&text)
+                    .with_context(|| format!("--sim-scenario {}", path.display()))?,
+            );
+        }
+        config.dcgm = match self.dcgm.as_str() {
+            "auto" => DcgmMode::Auto,
+            "off" => DcgmMode::Off,
+            path => DcgmMode::Program(path.into()),
+        };
+        if self.tick_ms == 0 {
+            bail!("--tick-ms must be at least 1");
+        }
+        config.tick = std::time::Duration::from_millis(self.tick_ms);
         Ok(config)
     }
 }

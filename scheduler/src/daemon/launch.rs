@@ -288,7 +288,10 @@ impl Daemon {
             )
         } else if code == Some(0) {
             (Outcome::Succeeded, "exit code 0".to_owned())
-        } else if job::is_out_of_memory(code, &stderr) {
+        } else if let Some(evidence) =
+            job::out_of_memory_evidence(&stderr).filter(|_| code != Some(0))
+        {
+            tracing::info!(job = id, source = ?evidence.source, line = %evidence.line, "out of memory on the GPU");
             let seen = match (peak_mib, limit_mib) {
                 (Some(p), Some(l)) => format!("{p} MiB seen, limit {l} MiB"),
                 (Some(p), None) => format!("{p} MiB seen"),

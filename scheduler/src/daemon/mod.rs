@@ -52,7 +52,10 @@ use crate::mps::{Mps, MpsError};
 use crate::policy::{Admission, Policy};
 use crate::protocol::FeedSpec;
 use crate::sys;
-use crate::telemetry::{GpuInfo, GpuWindows, NvmlTelemetry, SimGpus, Telemetry, TelemetryError};
+use crate::telemetry::{
+    DcgmMode, GpuInfo, GpuWindows, NoteLevel, NvmlOptions, NvmlTelemetry, SimGpus, SimScenario,
+    Telemetry, TelemetryError,
+};
 
 pub use self::telemetry::{MEASURE_S, SEEN_GRACE_S};
 
@@ -125,6 +128,11 @@ pub struct DaemonConfig {
     /// CPU cores the admission shares between registered feeds' decode threads and jobs that
     /// state `cpus` (default: this machine's).
     pub cpu_cores: u32,
+    /// What simulated GPUs show beside the daemon's jobs (other users' processes, failing
+    /// queries, a compute mode): the real-GPU paths, testable without a GPU.
+    pub sim_scenario: Option<SimScenario>,
+    /// DCGM for NVML GPUs without GPM.
+    pub dcgm: DcgmMode,
 }
 
 impl DaemonConfig {
@@ -144,6 +152,8 @@ impl DaemonConfig {
             tick: Duration::from_secs(1),
             cpu_cores: std::thread::available_parallelism()
                 .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)),
+            sim_scenario: None,
+            dcgm: DcgmMode::Auto,
         }
     }
 }
@@ -200,6 +210,9 @@ struct Daemon {
     telemetry: Box<dyn Telemetry>,
     gpus: Vec<GpuInfo>,
     windows: Vec<GpuWindows>,
+    /// GPUs whose latest sample failed: admission skips them until one succeeds (their
+    /// windows' last sample is stale).
+    stale: Vec<bool>,
     locked_until: Vec<f64>,
     engine: Admission,
     dir: PathBuf,
@@ -280,22 +293,58 @@ fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn open_telemetry(backend: &GpuBackend) -> Result<Box<dyn Telemetry>, TelemetryError> {
-    match backend {
-        GpuBackend::Nvml => Ok(Box::new(NvmlTelemetry::open()?)),
-        GpuBackend::Sim { gpus, memory_mib } => Ok(Box::new(SimGpus::new(*gpus, *memory_mib))),
+fn open_telemetry(config: &DaemonConfig) -> Result<Box<dyn Telemetry>, TelemetryError> {
+    let options = NvmlOptions {
+        dcgm: config.dcgm.clone(),
+    };
+    let sim = |gpus: usize, memory_mib: u64| -> Result<Box<dyn Telemetry>, TelemetryError> {
+        let mut sim = SimGpus::new(gpus, memory_mib);
+        if let Some(scenario) = &config.sim_scenario {
+            sim.apply(scenario)?;
+        }
+        Ok(Box::new(sim))
+    };
+    match &config.gpu {
+        GpuBackend::Nvml => Ok(Box::new(NvmlTelemetry::open_with(&options)?)),
+        GpuBackend::Sim { gpus, memory_mib } => sim(*gpus, *memory_mib),
         GpuBackend::Auto {
             sim_gpus,
             sim_memory_mib,
-        } => match NvmlTelemetry::open() {
+        } => match NvmlTelemetry::open_with(&options) {
             Ok(nvml) => Ok(Box::new(nvml)),
             Err(e) => {
                 tracing::warn!(
                     "{e}; scheduling {sim_gpus} simulated GPUs instead (use --gpu nvml to require a GPU)"
                 );
-                Ok(Box::new(SimGpus::new(*sim_gpus, *sim_memory_mib)))
+                sim(*sim_gpus, *sim_memory_mib)
             }
         },
+    }
+}
+
+/// Says, once at start, what each GPU's compute mode means for collocation under this
+/// daemon's MPS, and where its compute screen's metrics come from.
+fn report_gpus(gpus: &[GpuInfo], mps_running: bool) {
+    for gpu in gpus {
+        for why in &gpu.unsuitable {
+            tracing::warn!(gpu = gpu.index, uuid = %gpu.uuid, "GPU takes no jobs: {why}");
+        }
+        let note = gpu.collocation(mps_running);
+        match note.level {
+            NoteLevel::Warning => tracing::warn!(gpu = gpu.index, "{}", note.note),
+            NoteLevel::Info => tracing::info!(gpu = gpu.index, "{}", note.note),
+        }
+        if gpu.compute_source.is_degraded() {
+            tracing::warn!(
+                gpu = gpu.index,
+                "compute screen degraded: {}",
+                gpu.compute_source_note
+                    .as_deref()
+                    .unwrap_or("no GPM or DCGM; utilisation only, unknown occupancy and bandwidth count as high")
+            );
+        } else {
+            tracing::info!(gpu = gpu.index, source = ?gpu.compute_source, "compute screen metrics");
+        }
     }
 }
 
@@ -320,13 +369,8 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         .ok_or_else(|| DaemonError::AlreadyRunning(dir.clone()))?;
     std::fs::create_dir_all(dir.join("jobs")).map_err(dir_err(&dir.join("jobs")))?;
 
-    let mut telemetry = open_telemetry(&config.gpu)?;
+    let mut telemetry = open_telemetry(&config)?;
     let gpus = telemetry.gpus().to_vec();
-    for gpu in &gpus {
-        for why in &gpu.unsuitable {
-            tracing::warn!(gpu = gpu.index, uuid = %gpu.uuid, "GPU takes no jobs: {why}");
-        }
-    }
     let simulated = telemetry.simulated().is_some();
     let mps = match (config.mps, simulated) {
         (MpsMode::Off, _) => None,
@@ -341,12 +385,14 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         (MpsMode::On, _) => Some(Mps::start_or_adopt(&dir)?),
     };
 
+    report_gpus(&gpus, mps.is_some());
     let (journal, records) = Journal::open(&dir.join("journal.jsonl"))?;
     let mut state = Daemon {
         journal,
         jobs: Jobs::fold(config.policy.learned_estimates, records),
         live: BTreeMap::new(),
         windows: vec![GpuWindows::default(); gpus.len()],
+        stale: vec![false; gpus.len()],
         locked_until: vec![f64::NEG_INFINITY; gpus.len()],
         gpus,
         telemetry,

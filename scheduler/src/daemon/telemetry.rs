@@ -77,10 +77,22 @@ impl Daemon {
         for g in 0..self.gpus.len() {
             match self.telemetry.sample(g) {
                 Ok(sample) => {
+                    for gap in &sample.gaps {
+                        tracing::debug!(gpu = g, call = %gap.call, "telemetry gap: {}", gap.error);
+                    }
                     processes.push(sample.processes.clone());
                     self.windows[g].push(sample);
+                    self.stale[g] = false;
                 }
-                Err(e) => tracing::warn!(gpu = g, "telemetry: {e}"),
+                Err(e) => {
+                    if !self.stale[g] {
+                        tracing::warn!(
+                            gpu = g,
+                            "telemetry: {e}; the GPU takes no job until it answers"
+                        );
+                    }
+                    self.stale[g] = true;
+                }
             }
         }
         let now = self.now();
@@ -191,9 +203,14 @@ impl Daemon {
             .iter()
             .zip(&self.windows)
             .zip(&self.locked_until)
-            .map(|((info, windows), &locked_until)| GpuState {
-                locked_until,
-                ..GpuState::observed(info, windows)
+            .zip(&self.stale)
+            .map(|(((info, windows), &locked_until), &stale)| {
+                let observed = GpuState::observed(info, windows);
+                GpuState {
+                    locked_until,
+                    unusable: observed.unusable || stale,
+                    ..observed
+                }
             })
             .collect();
         for (job, attempt) in self.jobs.running() {

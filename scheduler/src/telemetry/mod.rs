@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::window::Window;
 
-pub use self::nvml::NvmlTelemetry;
+pub use self::nvml::{DcgmMode, NvmlOptions, NvmlTelemetry};
 pub use self::sim::{SimCall, SimGpuScenario, SimGpus, SimLoad, SimProcess, SimScenario};
 
 /// What the scheduler knows about one GPU that does not change while it runs.
