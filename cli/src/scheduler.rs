@@ -9,10 +9,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
+use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::job::{JobSpec, JobState};
 use ladle_scheduler::policy::Policy;
 use ladle_scheduler::protocol::{self, Request, Response};
-use ladle_scheduler::telemetry::{DcgmMode, SimScenario};
+use ladle_scheduler::telemetry::{ComputeSource, DcgmMode, SimScenario};
 use ladle_scheduler::units::{format_mib, parse_mib};
 
 /// How long a client waits for the daemon's answer.
@@ -315,8 +316,13 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         } else {
             format!("  UNSUITABLE: {}", g.info.unsuitable.join("; "))
         };
+        let metrics = match g.info.compute_source {
+            ComputeSource::Gpm => "GPM",
+            ComputeSource::Dcgm => "DCGM",
+            _ => "utilisation only (compute screen degraded)",
+        };
         println!(
-            "gpu {} {} {}: {} / {} used, SM risk {:.2}, {} jobs{note}",
+            "gpu {} {} {}: {} / {} used, SM risk {:.2}, {} jobs, metrics {metrics}{note}",
             g.info.index,
             g.info.name,
             g.info.uuid,
@@ -339,7 +345,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         }
     }
     println!(
-        "{:>5}  {:<12} {:<6} {:>9} {:>9} {:>4}  command",
+        "{:>5}  {:<12} {:<6} {:>11} {:>9} {:>4}  command",
         "id", "state", "gpus", "estimate", "peak", "runs"
     );
     for j in &jobs {
@@ -359,11 +365,19 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             _ => ("?".to_owned(), "-".to_owned()),
         };
         println!(
-            "{:>5}  {:<12} {:<6} {:>9} {:>9} {:>4}  {}",
+            "{:>5}  {:<12} {:<6} {:>11} {:>9} {:>4}  {}",
             j.id,
             state,
             gpus,
-            format_mib(j.estimate_mib),
+            format!(
+                "{}{}",
+                format_mib(j.estimate_mib),
+                match j.basis {
+                    Basis::Declared => "",
+                    Basis::Measured => " m",
+                    _ => " ?",
+                }
+            ),
             j.peak_mib.map_or("-".to_owned(), format_mib),
             j.attempts,
             j.spec.command.join(" ")
@@ -371,6 +385,11 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         if let JobState::Failed { reason } | JobState::Interrupted { reason } = &j.state {
             println!("{:>5}  └ {reason}", "");
         }
+    }
+    if jobs.iter().any(|j| j.basis != Basis::Declared) {
+        println!(
+            "estimate: m = measured for its family, ? = a guess (reserves memory, limits nothing)"
+        );
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::estimate::Basis;
 use crate::job::{JobId, JobSpec, JobState};
 use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
@@ -168,6 +169,15 @@ pub struct JobView {
     pub state: JobState,
     /// Current memory estimate per GPU, MiB.
     pub estimate_mib: u64,
+    /// Where the estimate comes from (declared, measured, or a guess that limits nothing).
+    #[serde(default)]
+    pub basis: Basis,
+    /// The family its measured memory is learned under.
+    #[serde(default)]
+    pub family: String,
+    /// Whether its current attempt's peak has been measured.
+    #[serde(default)]
+    pub measured: bool,
     /// Whether it must run alone (out-of-memory retry).
     pub exclusive: bool,
     /// Attempts started so far.
