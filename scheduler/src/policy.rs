@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::estimate::Basis;
 use crate::telemetry::{GpuInfo, GpuWindows, Risk};
+use crate::window::WINDOW;
 
 /// Most MPS clients one GPU takes (the limit of MPS on Volta and newer).
 pub const MAX_MPS_CLIENTS: u32 = 48;
@@ -123,12 +124,45 @@ pub struct Policy {
     pub max_bypass: u32,
     /// Count admitted jobs' estimates against free memory.
     pub reservations: bool,
-    /// Give each job an MPS pinned-memory limit equal to its estimate.
+    /// Give each job whose estimate may cap ([`Basis::may_cap`]) an MPS pinned-memory
+    /// limit: the room its GPUs had for it (see [`Admission`]'s module docs).
     pub mps_limits: bool,
-    /// Use a command's observed peak as its next estimate.
+    /// Use a family's observed peak as its members' next estimate.
     pub learned_estimates: bool,
     /// Keep consumers of one feed on the same GPUs.
     pub feed_affinity: bool,
+    /// Measure, then pack: a job on a [`Basis::Guess`] and an out-of-memory retry run alone
+    /// until measured (then others may join them), instead of a retry holding its GPUs for
+    /// its whole run. Default `true` (`ladle`); CARMA's rules and `exclusive` have `false`.
+    #[serde(default = "yes")]
+    pub measure_then_pack: bool,
+    /// Seconds a job must have run, with its GPUs' telemetry windows full, before its peak
+    /// counts as measured (default 30: one telemetry window at 1 Hz).
+    #[serde(default = "measure_s")]
+    pub measure_s: f64,
+    /// Backfill past a blocked head only for this many seconds after it was first
+    /// blocked (default `f64::INFINITY`: bounded by [`Policy::max_bypass`] only).
+    #[serde(default = "infinity")]
+    pub max_bypass_s: f64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn measure_s() -> f64 {
+    Policy::MEASURE_S
+}
+
+fn infinity() -> f64 {
+    f64::INFINITY
+}
+
+/// The `ladle` policy.
+impl Default for Policy {
+    fn default() -> Self {
+        Self::ladle()
+    }
 }
 
 /// A policy name that does not exist.
@@ -156,6 +190,9 @@ impl Policy {
 
     /// Default settle lock after a dispatch, seconds.
     pub const SETTLE_S: f64 = 20.0;
+
+    /// Default time to measure a job, seconds: one 30-sample telemetry window at 1 Hz.
+    pub const MEASURE_S: f64 = 30.0;
 
     /// The policy called `name` (one of [`Policy::NAMES`]).
     ///
@@ -201,17 +238,10 @@ impl Policy {
             mps_limits: false,
             learned_estimates: false,
             feed_affinity: false,
+            measure_then_pack: false,
+            measure_s: Self::MEASURE_S,
+            max_bypass_s: f64::INFINITY,
         }
-    }
-
-    /// The MPS pinned-memory limit of a collocated job with this estimate, MiB:
-    /// `max(estimate + margin, 1.5 × estimate)`. It is a guard against a runaway job, not a
-    /// second estimate: a job may overshoot by the margin the memory screen kept free (or
-    /// by half, the factor of an out-of-memory retry) before its limit stops it, and only it.
-    pub fn limit_mib(&self, estimate_mib: u64) -> u64 {
-        estimate_mib
-            .saturating_add(self.margin_mib)
-            .max(estimate_mib.saturating_mul(3).div_ceil(2))
     }
 
     /// The baseline `exclusive`: FIFO, one job per GPU.
@@ -237,45 +267,101 @@ impl Policy {
             mps_limits: true,
             learned_estimates: true,
             feed_affinity: true,
+            measure_then_pack: true,
             ..Self::carma(GpuOrdering::LeastUtilized)
         }
     }
 }
 
-/// One GPU as admission sees it.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// One GPU as admission sees it. The caller fills it from telemetry
+/// ([`GpuState::observed`], [`GpuState::count_foreign`]) and from its own running jobs
+/// (`jobs`, `reserved_mib`, `exclusive_job`, `unmeasured_jobs`, `feeds`, `locked_until`).
+/// Every field has a default a GPU with nothing known would have: no memory, no jobs, a
+/// full window, no lock.
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuState {
     /// Total memory, MiB.
     pub total_mib: u64,
-    /// Memory in use by telemetry's latest sample, MiB.
+    /// Memory in use by telemetry's latest sample, MiB: everyone's, the scheduler's jobs and
+    /// other users' processes alike.
     pub used_mib: u64,
-    /// Σ estimates of the scheduler's jobs on this GPU, MiB.
+    /// Σ reservations of the scheduler's jobs on this GPU, MiB. A job's reservation is its
+    /// estimate; once the job is measured, the larger of its estimate and
+    /// [`crate::job::learned_estimate`] of its peak so far.
     pub reserved_mib: u64,
     /// The scheduler's jobs on this GPU.
     pub jobs: u32,
-    /// Whether one of them holds the GPU exclusively.
+    /// Whether one of them holds the GPU for its whole run ([`Placement::exclusive`]).
     pub exclusive_job: bool,
+    /// The scheduler's jobs on this GPU placed alone until measured
+    /// ([`Placement::until_measured`]) that are not measured yet (see the module docs'
+    /// "Measured"). While it is above 0 the GPU takes no other job.
+    pub unmeasured_jobs: u32,
+    /// Memory held on this GPU by processes that are not the scheduler's jobs (other users,
+    /// other tools), MiB, from the latest sample's process list.
+    pub foreign_mib: u64,
+    /// Such processes. A GPU with one is never idle: a job goes there only through the
+    /// screens, as if it collocated.
+    pub foreign_processes: u32,
+    /// Whether the telemetry windows are full ([`WINDOW`] samples). Just after the
+    /// scheduler starts or restarts they are not, the risk scores mean little, and the GPU
+    /// takes no collocated job (an idle GPU may still take one, memory screened).
+    pub window_full: bool,
     /// Risk scores of the telemetry windows.
     pub risk: Risk,
     /// Settling until this time (seconds on the caller's clock).
     pub locked_until: f64,
     /// Feeds of the jobs on this GPU.
     pub feeds: Vec<String>,
-    /// False for a GPU that must not take jobs (see `GpuInfo::unsuitable`).
+    /// True for a GPU that must not take jobs (see `GpuInfo::unsuitable`).
     pub unusable: bool,
+}
+
+impl Default for GpuState {
+    fn default() -> Self {
+        Self {
+            total_mib: 0,
+            used_mib: 0,
+            reserved_mib: 0,
+            jobs: 0,
+            exclusive_job: false,
+            unmeasured_jobs: 0,
+            foreign_mib: 0,
+            foreign_processes: 0,
+            window_full: true,
+            risk: Risk::default(),
+            locked_until: 0.0,
+            feeds: Vec::new(),
+            unusable: false,
+        }
+    }
 }
 
 impl GpuState {
     /// A GPU as its telemetry windows show it, before the scheduler's own jobs are counted
-    /// (`jobs`, `reserved_mib`, `exclusive_job`, `feeds`) and with no settle lock.
+    /// (`jobs`, `reserved_mib`, `exclusive_job`, `unmeasured_jobs`, `feeds`) and other
+    /// users' processes are told apart ([`GpuState::count_foreign`]), with no settle lock.
+    /// `window_full` is whether the windows hold [`WINDOW`] samples.
     pub fn observed(info: &GpuInfo, windows: &GpuWindows) -> Self {
         Self {
             total_mib: info.memory_total_mib,
             used_mib: windows.last.as_ref().map_or(0, |s| s.memory_used_mib),
+            window_full: windows.sm_activity.len() >= WINDOW,
             risk: windows.risk(),
             locked_until: f64::NEG_INFINITY,
             unusable: !info.unsuitable.is_empty(),
             ..Self::default()
+        }
+    }
+
+    /// Counts the processes of the latest sample that are not the scheduler's (`ours(pid)`
+    /// false: not a job's process, not the MPS server) as foreign: `foreign_processes` and
+    /// `foreign_mib`.
+    pub fn count_foreign(&mut self, windows: &GpuWindows, ours: impl Fn(u32) -> bool) {
+        let processes = windows.last.as_ref().map_or(&[][..], |s| &s.processes[..]);
+        for p in processes.iter().filter(|p| !ours(p.pid)) {
+            self.foreign_processes = self.foreign_processes.saturating_add(1);
+            self.foreign_mib = self.foreign_mib.saturating_add(p.used_mib);
         }
     }
 }
@@ -288,13 +374,18 @@ pub struct Pending {
     /// Device memory it will need per GPU, MiB.
     pub estimate_mib: u64,
     /// Where `estimate_mib` comes from: no memory limit is derived from a
-    /// [`Basis::Guess`].
+    /// [`Basis::Guess`], and under [`Policy::measure_then_pack`] a guess runs alone until
+    /// measured. The default is a guess.
     pub basis: Basis,
-    /// Its family ([`crate::estimate::family_key`] or `--family`).
+    /// Its family ([`crate::estimate::family_key`] or `--family`); empty: none. Admission
+    /// does not read it: the caller turns a family's measured peak into `estimate_mib`
+    /// with [`Basis::Measured`] ([`crate::estimate::Families::estimate`]).
     pub family: String,
     /// GPUs it needs.
     pub gpus: u32,
-    /// It must run alone (an out-of-memory retry).
+    /// It must start on idle GPUs (an out-of-memory retry). Under
+    /// [`Policy::measure_then_pack`] nobody joins it until it is measured; otherwise for
+    /// its whole run.
     pub exclusive: bool,
     /// The producer feed it consumes, if any.
     pub feed: Option<String>,
@@ -307,18 +398,32 @@ pub struct Placement {
     pub job: u64,
     /// GPU indices.
     pub gpus: Vec<usize>,
-    /// Nobody may join it on these GPUs.
+    /// Nobody may join it on these GPUs for as long as it runs (the caller sets
+    /// [`GpuState::exclusive_job`] until it ends).
     pub exclusive: bool,
-    /// MPS pinned-memory limit per GPU, MiB, when the policy sets one.
+    /// Nobody may join it on these GPUs until it is measured (the caller counts it in
+    /// [`GpuState::unmeasured_jobs`] until then).
+    pub until_measured: bool,
+    /// MPS pinned-memory limit per GPU, MiB, when the policy sets one (never from a
+    /// [`Basis::Guess`], never for a job placed alone).
     pub mem_limit_mib: Option<u64>,
 }
 
+/// The head of the queue while it is blocked: how often backfill passed it, and since when
+/// it waits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Head {
+    id: u64,
+    passed: u32,
+    since: f64,
+}
+
 /// The admission engine: a policy and the little state it keeps between rounds (how often
-/// the current head has been passed by backfill).
+/// and since when the current head has been passed by backfill).
 #[derive(Debug, Clone)]
 pub struct Admission {
     policy: Policy,
-    head: Option<(u64, u32)>,
+    head: Option<Head>,
 }
 
 impl Admission {
@@ -333,34 +438,40 @@ impl Admission {
     }
 
     /// Decides which jobs of `queue` (head first) start now, and updates `gpus` as if they
-    /// had started (jobs, reservations, settle locks, feeds).
+    /// had started (jobs, reservations, settle locks, feeds, exclusivity).
     pub fn admit(&mut self, now: f64, queue: &[Pending], gpus: &mut [GpuState]) -> Vec<Placement> {
         let mut placed = Vec::new();
-        let mut blocked: Option<(u64, BTreeSet<usize>)> = None;
+        let mut blocked: Option<BTreeSet<usize>> = None;
         for job in queue {
-            if let Some((head, _)) = &blocked {
-                let passed = match self.head {
-                    Some((id, n)) if id == *head => n,
-                    _ => 0,
-                };
-                if !self.policy.backfill || passed >= self.policy.max_bypass {
+            if blocked.is_some() {
+                let Some(head) = self.head else { break };
+                if !self.policy.backfill
+                    || head.passed >= self.policy.max_bypass
+                    || now - head.since >= self.policy.max_bypass_s
+                {
                     break;
                 }
             }
-            let avoid = blocked.as_ref().map(|(_, set)| set);
+            let avoid = blocked.as_ref();
             match self.place(now, job, gpus, avoid) {
                 Some(placement) => {
                     self.apply(now, job, &placement, gpus);
-                    if let Some((head, _)) = &blocked {
-                        self.head = match self.head {
-                            Some((id, n)) if id == *head => Some((id, n + 1)),
-                            _ => Some((*head, 1)),
-                        };
+                    if blocked.is_some()
+                        && let Some(head) = &mut self.head
+                    {
+                        head.passed += 1;
                     }
                     placed.push(placement);
                 }
                 None if blocked.is_none() => {
-                    blocked = Some((job.id, self.held_for(job, gpus)));
+                    blocked = Some(self.held_for(job, gpus));
+                    if self.head.is_none_or(|h| h.id != job.id) {
+                        self.head = Some(Head {
+                            id: job.id,
+                            passed: 0,
+                            since: now,
+                        });
+                    }
                 }
                 None => {}
             }
@@ -371,25 +482,46 @@ impl Admission {
         placed
     }
 
-    /// Free memory admission believes GPU `g` has, MiB.
+    /// Free memory admission believes GPU `g` has, MiB: what telemetry shows free, and with
+    /// reservations at most what other users and the scheduler's reservations leave.
     fn free_mib(&self, g: &GpuState) -> u64 {
         let observed = g.total_mib.saturating_sub(g.used_mib);
         if self.policy.reservations {
-            observed.min(g.total_mib.saturating_sub(g.reserved_mib))
+            observed.min(
+                g.total_mib
+                    .saturating_sub(g.foreign_mib)
+                    .saturating_sub(g.reserved_mib),
+            )
         } else {
             observed
         }
     }
 
-    fn needs_exclusive(&self, job: &Pending) -> bool {
-        self.policy.exclusive || job.exclusive
+    /// Whether GPU `g` is idle: no job of the scheduler and no process of anyone else.
+    fn idle(g: &GpuState) -> bool {
+        g.jobs == 0 && g.foreign_processes == 0
+    }
+
+    /// Whether `job` must run alone (on idle GPUs): always under `exclusive`, for an
+    /// out-of-memory retry, and under measure-then-pack for a job on a guess.
+    fn runs_alone(&self, job: &Pending) -> bool {
+        self.policy.exclusive
+            || job.exclusive
+            || (self.policy.measure_then_pack && job.basis == Basis::Guess)
     }
 
     /// The GPUs a blocked head is waiting for, which backfill must leave alone.
     fn held_for(&self, job: &Pending, gpus: &[GpuState]) -> BTreeSet<usize> {
         let mut order: Vec<usize> = (0..gpus.len()).filter(|&i| !gpus[i].unusable).collect();
-        if self.needs_exclusive(job) {
-            order.sort_by_key(|&i| (gpus[i].jobs, std::cmp::Reverse(self.free_mib(&gpus[i]))));
+        if self.runs_alone(job) {
+            order.sort_by_key(|&i| {
+                let g = &gpus[i];
+                (
+                    !Self::idle(g),
+                    g.jobs,
+                    std::cmp::Reverse(self.free_mib(g)),
+                )
+            });
         } else {
             order.sort_by_key(|&i| std::cmp::Reverse(self.free_mib(&gpus[i])));
         }
@@ -408,21 +540,25 @@ impl Admission {
             let g = &gpus[i];
             !g.unusable
                 && !g.exclusive_job
+                && g.unmeasured_jobs == 0
                 && g.jobs < self.policy.max_clients
                 && avoid.is_none_or(|a| !a.contains(&i))
         };
+        // The idle-GPU path screens memory too: a job goes to an idle GPU only if its
+        // estimate (at most all of the GPU but the reserve) fits what the GPU shows free.
         let mut idle: Vec<usize> = (0..gpus.len())
-            .filter(|&i| open(i) && gpus[i].jobs == 0)
+            .filter(|&i| open(i) && Self::idle(&gpus[i]) && self.fits_idle(job, &gpus[i]))
             .collect();
         self.rank(job, gpus, &mut idle);
-        let exclusive = self.needs_exclusive(job);
+        let alone = self.runs_alone(job);
         let mut chosen: Vec<usize> = Vec::new();
         // Feed affinity comes before the idle-GPU rule: a consumer joins its feed's GPUs
         // when they pass the screens, even if another GPU is idle.
-        if let (true, false, Some(feed)) = (self.policy.feed_affinity, exclusive, &job.feed) {
+        if let (true, false, Some(feed)) = (self.policy.feed_affinity, alone, &job.feed) {
             let mut mates: Vec<usize> = (0..gpus.len())
                 .filter(|&i| {
                     open(i)
+                        && !Self::idle(&gpus[i])
                         && gpus[i].feeds.iter().any(|f| f == feed)
                         && self.screens_pass(now, job, &gpus[i])
                 })
@@ -437,9 +573,11 @@ impl Admission {
                 .take(missing)
                 .collect::<Vec<_>>(),
         );
-        if chosen.len() < want && !exclusive {
+        if chosen.len() < want && !alone {
             let mut shared: Vec<usize> = (0..gpus.len())
-                .filter(|&i| open(i) && gpus[i].jobs > 0 && self.screens_pass(now, job, &gpus[i]))
+                .filter(|&i| {
+                    open(i) && !Self::idle(&gpus[i]) && self.screens_pass(now, job, &gpus[i])
+                })
                 .collect();
             self.rank(job, gpus, &mut shared);
             shared.retain(|i| !chosen.contains(i));
@@ -449,19 +587,47 @@ impl Admission {
             return None;
         }
         chosen.sort_unstable();
+        let exclusive = self.policy.exclusive || (job.exclusive && !self.policy.measure_then_pack);
+        // A job alone on its GPUs may use all of them: that is how a guess or an
+        // out-of-memory retry shows its true peak. Nothing is capped from a guess.
+        let capped = self.policy.mps_limits && !alone && job.basis.may_cap();
+        let mem_limit_mib = capped.then(|| {
+            chosen
+                .iter()
+                .map(|&i| self.room_mib(job, &gpus[i]))
+                .min()
+                .unwrap_or(job.estimate_mib)
+        });
         Some(Placement {
             job: job.id,
             gpus: chosen,
             exclusive,
-            // A job alone on its GPUs may use all of them: that is how an out-of-memory
-            // retry shows its true peak.
-            mem_limit_mib: (self.policy.mps_limits && !exclusive)
-                .then(|| self.policy.limit_mib(job.estimate_mib)),
+            until_measured: alone && !exclusive,
+            mem_limit_mib,
         })
     }
 
+    /// The MPS limit of `job` on GPU `g`, MiB: the room the GPU has for it without touching
+    /// what telemetry shows used, other users' memory or the other jobs' reservations,
+    /// less the reserve (at least the estimate, at most the GPU).
+    fn room_mib(&self, job: &Pending, g: &GpuState) -> u64 {
+        self.free_mib(g)
+            .saturating_sub(self.policy.reserve_mib)
+            .max(job.estimate_mib)
+            .min(g.total_mib)
+    }
+
+    /// The idle-GPU memory screen: the estimate, at most the GPU less the reserve, fits
+    /// what the GPU shows free.
+    fn fits_idle(&self, job: &Pending, g: &GpuState) -> bool {
+        let needed = job
+            .estimate_mib
+            .min(g.total_mib.saturating_sub(self.policy.reserve_mib));
+        self.free_mib(g) >= needed
+    }
+
     fn screens_pass(&self, now: f64, job: &Pending, g: &GpuState) -> bool {
-        if now < g.locked_until {
+        if now < g.locked_until || !g.window_full {
             return false;
         }
         // Saturating: an estimate near u64::MAX must fail the screen, not wrap past it.
@@ -505,6 +671,7 @@ impl Admission {
             g.jobs += 1;
             g.reserved_mib = g.reserved_mib.saturating_add(job.estimate_mib);
             g.exclusive_job |= placement.exclusive;
+            g.unmeasured_jobs += u32::from(placement.until_measured);
             g.locked_until = g.locked_until.max(now + self.policy.settle_s);
             if let Some(feed) = &job.feed {
                 g.feeds.push(feed.clone());
@@ -862,6 +1029,7 @@ mod tests {
             job,
             gpus: vec![gpu],
             exclusive: false,
+            until_measured: false,
             mem_limit_mib: None,
         }
     }

@@ -45,6 +45,8 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use crate::estimate::{Basis, Families};
+use crate::job::learned_estimate;
 use crate::policy::{Admission, GpuState, Pending, Placement, Policy};
 use crate::telemetry::{GpuWindows, SimGpus, SimLoad, Telemetry};
 use crate::window::WINDOW;
@@ -76,6 +78,8 @@ pub struct SimConfig {
     pub max_w: f64,
     /// Telemetry period, s.
     pub tick_s: f64,
+    /// The estimate of a job that declares nothing, MiB (the daemon's default, 4096).
+    pub default_estimate_mib: u64,
 }
 
 impl Default for SimConfig {
@@ -90,6 +94,7 @@ impl Default for SimConfig {
             idle_w: 60.0,
             max_w: 400.0,
             tick_s: 1.0,
+            default_estimate_mib: 4 * 1024,
         }
     }
 }
@@ -111,6 +116,58 @@ pub struct SimReport {
     pub failed_jobs: u32,
     /// Jobs in the trace.
     pub jobs: usize,
+    /// The model's lower bound on the makespan, s ([`LowerBound`]).
+    pub lower_bound_s: f64,
+}
+
+/// A lower bound on any policy's makespan under the model, from the trace alone: no
+/// schedule can finish sooner than the largest of
+/// - `latest_s`: the latest `arrival + duration` (a job runs at most at its solo speed), from
+///   the first arrival;
+/// - `sm_work_s`: Σ `duration × sm_activity × gpus` over the GPUs (a GPU delivers at most
+///   one unit of SM demand per second: `min(1, D)` shared among its jobs, less contention);
+/// - `memory_time_s`: Σ `duration × mem_mib × gpus` over `GPUs × GPU memory` (a job holds
+///   its memory for at least its solo duration).
+///
+/// It ignores arrivals for the two sums and out-of-memory crashes, so it is not always
+/// reachable; `makespan ÷ bound` says how far a schedule is from it at most.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LowerBound {
+    /// Latest `arrival + duration` after the first arrival, s.
+    pub latest_s: f64,
+    /// Total SM work per GPU, s.
+    pub sm_work_s: f64,
+    /// Total memory-time per GPU's memory, s.
+    pub memory_time_s: f64,
+}
+
+impl LowerBound {
+    /// The bound of `trace` on `config`'s machine.
+    pub fn of(trace: &[TraceJob], config: &SimConfig) -> Self {
+        let start = trace.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+        let gpus = config.gpus.max(1) as f64;
+        Self {
+            latest_s: trace
+                .iter()
+                .map(|j| j.submit_s - start + j.duration_s)
+                .fold(0.0, f64::max),
+            sm_work_s: trace
+                .iter()
+                .map(|j| j.duration_s * j.sm_activity * f64::from(j.gpus))
+                .sum::<f64>()
+                / gpus,
+            memory_time_s: trace
+                .iter()
+                .map(|j| j.duration_s * j.mem_mib as f64 * f64::from(j.gpus))
+                .sum::<f64>()
+                / (gpus * config.gpu_mem_mib.max(1) as f64),
+        }
+    }
+
+    /// The largest of the three, s.
+    pub fn bound_s(&self) -> f64 {
+        self.latest_s.max(self.sm_work_s).max(self.memory_time_s)
+    }
 }
 
 /// What happened to one job of the trace.
@@ -128,6 +185,9 @@ pub struct JobOutcome {
     pub gpus: Vec<usize>,
     /// Out-of-memory crashes it had.
     pub oom_crashes: u32,
+    /// It ran out of out-of-memory retries ([`SimConfig::max_oom_retries`]): its final state
+    /// is failed, and it is not run again.
+    pub failed: bool,
 }
 
 /// Shortest telemetry period the simulator takes, s.
@@ -176,6 +236,7 @@ pub enum SimError {
 struct Queued {
     job: usize,
     estimate_mib: u64,
+    basis: Basis,
     exclusive: bool,
     crashes: u32,
 }
@@ -188,6 +249,33 @@ struct Running {
     remaining: f64,
     crash_at: Option<f64>,
     limit_mib: Option<u64>,
+    /// When it counts as measured (start + `measure_s`).
+    measure_at: f64,
+    /// Its peak, once measured, MiB.
+    measured_mib: Option<u64>,
+    /// Nobody joins it while it runs.
+    exclusive: bool,
+    /// Nobody joins it until it is measured.
+    until_measured: bool,
+}
+
+impl Running {
+    /// Its reservation: the estimate, or once measured (with learned estimates) the larger
+    /// of the estimate and 1.1 × the peak.
+    fn reservation_mib(&self, learned: bool) -> u64 {
+        match (learned, self.measured_mib) {
+            (true, Some(peak)) => self.queued.estimate_mib.max(learned_estimate(peak)),
+            _ => self.queued.estimate_mib,
+        }
+    }
+}
+
+/// The family of trace job `j`: its `family` column, or one of its own.
+fn family_of(trace: &[TraceJob], j: usize) -> String {
+    trace[j]
+        .family
+        .clone()
+        .unwrap_or_else(|| format!("\u{1f}job {j}"))
 }
 
 const EPS: f64 = 1e-9;
@@ -238,6 +326,7 @@ fn check_settings(policy: &Policy, config: &SimConfig) -> Result<(), SimError> {
             time(config.oom_after_s, 0.0),
         ),
         ("settle_s", policy.settle_s, time(policy.settle_s, 0.0)),
+        ("measure_s", policy.measure_s, time(policy.measure_s, 0.0)),
         ("contention", config.contention, amount(config.contention)),
         ("idle_w", config.idle_w, amount(config.idle_w)),
         ("max_w", config.max_w, amount(config.max_w)),
@@ -287,6 +376,8 @@ fn replay(
     }
     let policy_name = policy.name.clone();
     let learned = policy.learned_estimates;
+    let measure_s = policy.measure_s;
+    let mut families = Families::new();
     let mut engine = Admission::new(policy);
     let mut order: Vec<usize> = (0..trace.len()).collect();
     order.sort_by(|&a, &b| trace[a].submit_s.total_cmp(&trace[b].submit_s));
@@ -315,6 +406,7 @@ fn replay(
             finish_s: None,
             gpus: Vec::new(),
             oom_crashes: 0,
+            failed: false,
         })
         .collect();
     let (mut busy_integral, mut energy_j) = (0.0, 0.0);
@@ -351,6 +443,11 @@ fn replay(
         let next_arrival = arrivals
             .front()
             .map_or(f64::INFINITY, |&j| trace[j].submit_s);
+        let next_measure = running
+            .iter()
+            .filter(|r| r.measured_mib.is_none())
+            .map(|r| r.measure_at)
+            .fold(f64::INFINITY, f64::min);
         if running.is_empty() && arrivals.is_empty() && queue.is_empty() {
             break;
         }
@@ -365,7 +462,8 @@ fn replay(
             let until = next_finish
                 .min(next_crash)
                 .min(next_arrival)
-                .min(next_unlock);
+                .min(next_unlock)
+                .min(next_measure);
             if until == f64::INFINITY {
                 // No job runs or arrives, no lock expires, and the queue was refused: it
                 // always will be.
@@ -424,21 +522,56 @@ fn replay(
             oom_crashes += 1;
             outcomes[r.queued.job].oom_crashes += 1;
             let job = &trace[r.queued.job];
+            let peak = job.mem_mib.min(r.limit_mib.unwrap_or(u64::MAX));
+            if learned {
+                // What it held when it died is at least what its family needs.
+                families.observe(&family_of(trace, r.queued.job), peak);
+            }
             if r.queued.crashes >= config.max_oom_retries {
                 failed_jobs += 1;
+                outcomes[r.queued.job].failed = true;
                 continue;
             }
-            let peak = job.mem_mib.min(r.limit_mib.unwrap_or(u64::MAX));
-            let mut raised = r.queued.estimate_mib.saturating_mul(3).div_ceil(2);
-            if learned {
-                raised = raised.max(peak.saturating_mul(11).div_ceil(10));
-            }
+            // With learned estimates the retry asks for its observed peak (×1.1) and runs
+            // alone, uncapped, until measured; otherwise 1.5 × the old estimate.
+            let (raised, basis) = if learned {
+                (learned_estimate(peak), Basis::Measured)
+            } else {
+                (
+                    r.queued.estimate_mib.saturating_mul(3).div_ceil(2),
+                    r.queued.basis,
+                )
+            };
             queue.push_front(Queued {
                 job: r.queued.job,
                 estimate_mib: raised.min(config.gpu_mem_mib),
+                basis,
                 exclusive: true,
                 crashes: r.queued.crashes + 1,
             });
+        }
+
+        // Measurements: a job that has run `measure_s` seconds shows its peak.
+        for r in &mut running {
+            if r.measured_mib.is_some() || r.measure_at > t + EPS {
+                continue;
+            }
+            let peak = trace[r.queued.job]
+                .mem_mib
+                .min(r.limit_mib.unwrap_or(u64::MAX));
+            r.measured_mib = Some(peak);
+            changed = true;
+            if learned {
+                let family = family_of(trace, r.queued.job);
+                families.observe(&family, peak);
+                let estimate = learned_estimate(families.peak(&family).unwrap_or(peak));
+                for q in queue.iter_mut().filter(|q| {
+                    q.basis == Basis::Guess && family_of(trace, q.job) == family
+                }) {
+                    q.estimate_mib = estimate;
+                    q.basis = Basis::Measured;
+                }
+            }
         }
 
         // Arrivals.
@@ -448,9 +581,18 @@ fn replay(
             }
             arrivals.pop_front();
             changed = true;
+            let declared = trace[j]
+                .declared
+                .then(|| (trace[j].mem_mib as f64 * config.estimate_scale).ceil() as u64);
+            let estimate = if learned || declared.is_some() {
+                families.estimate(&family_of(trace, j), declared, config.default_estimate_mib)
+            } else {
+                Families::new().estimate("", None, config.default_estimate_mib)
+            };
             queue.push_back(Queued {
                 job: j,
-                estimate_mib: (trace[j].mem_mib as f64 * config.estimate_scale).ceil() as u64,
+                estimate_mib: estimate.mib,
+                basis: estimate.basis,
                 exclusive: false,
                 crashes: 0,
             });
@@ -487,8 +629,9 @@ fn replay(
             for &g in &r.gpus {
                 let s = &mut states[g];
                 s.jobs += 1;
-                s.reserved_mib = s.reserved_mib.saturating_add(r.queued.estimate_mib);
-                s.exclusive_job |= r.queued.exclusive;
+                s.reserved_mib = s.reserved_mib.saturating_add(r.reservation_mib(learned));
+                s.exclusive_job |= r.exclusive;
+                s.unmeasured_jobs += u32::from(r.until_measured && r.measured_mib.is_none());
                 if let Some(feed) = &trace[r.queued.job].feed {
                     s.feeds.push(feed.clone());
                 }
@@ -499,10 +642,11 @@ fn replay(
             .map(|q| Pending {
                 id: q.job as u64,
                 estimate_mib: q.estimate_mib,
+                basis: q.basis,
+                family: family_of(trace, q.job),
                 gpus: trace[q.job].gpus,
                 exclusive: q.exclusive,
                 feed: trace[q.job].feed.clone(),
-                ..Pending::default()
             })
             .collect();
         let placements = engine.admit(t, &pending, &mut states);
@@ -514,8 +658,9 @@ fn replay(
         for Placement {
             job,
             gpus,
+            exclusive,
+            until_measured,
             mem_limit_mib,
-            ..
         } in placements
         {
             let job = job as usize;
@@ -545,6 +690,10 @@ fn replay(
                 remaining: spec.duration_s,
                 crash_at,
                 limit_mib: mem_limit_mib,
+                measure_at: t + measure_s,
+                measured_mib: None,
+                exclusive,
+                until_measured,
             });
         }
     }
@@ -574,6 +723,7 @@ fn replay(
         energy_kwh: energy_j / 3.6e6,
         failed_jobs,
         jobs: trace.len(),
+        lower_bound_s: LowerBound::of(trace, config).bound_s(),
     };
     Ok((report, outcomes, steps))
 }
@@ -591,7 +741,7 @@ mod tests {
             mem_mib,
             sm_activity: sm,
             gpus: 1,
-            feed: None,
+            ..TraceJob::default()
         }
     }
 
