@@ -144,6 +144,21 @@ pub struct Policy {
     /// blocked (default `f64::INFINITY`: bounded by [`Policy::max_bypass`] only).
     #[serde(default = "infinity")]
     pub max_bypass_s: f64,
+    /// A job passing a blocked head goes only to GPUs whose SM activity risk is below this
+    /// (default 1.0).
+    #[serde(default = "one")]
+    pub backfill_max_sm_activity: f64,
+    /// Keep the GPUs a blocked head waits for until it starts.
+    #[serde(default = "yes")]
+    pub sticky_hold: bool,
+    /// A GPU running a multi-GPU job takes another job only while its SM activity risk is
+    /// below this (default 1.0).
+    #[serde(default = "one")]
+    pub wide_max_sm_activity: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 fn yes() -> bool {
@@ -241,6 +256,9 @@ impl Policy {
             measure_then_pack: false,
             measure_s: Self::MEASURE_S,
             max_bypass_s: f64::INFINITY,
+            backfill_max_sm_activity: 1.0,
+            sticky_hold: false,
+            wide_max_sm_activity: 1.0,
         }
     }
 
@@ -268,6 +286,7 @@ impl Policy {
             learned_estimates: true,
             feed_affinity: true,
             measure_then_pack: true,
+            sticky_hold: true,
             ..Self::carma(GpuOrdering::LeastUtilized)
         }
     }
@@ -303,6 +322,8 @@ pub struct GpuState {
     /// Such processes. A GPU with one is never idle: a job goes there only through the
     /// screens, as if it collocated.
     pub foreign_processes: u32,
+    /// The scheduler's jobs on this GPU that run on several GPUs.
+    pub wide_jobs: u32,
     /// Whether the telemetry windows are full ([`WINDOW`] samples). Just after the
     /// scheduler starts or restarts they are not, the risk scores mean little, and the GPU
     /// takes no collocated job (an idle GPU may still take one, memory screened).
@@ -328,6 +349,7 @@ impl Default for GpuState {
             unmeasured_jobs: 0,
             foreign_mib: 0,
             foreign_processes: 0,
+            wide_jobs: 0,
             window_full: true,
             risk: Risk::default(),
             locked_until: 0.0,
@@ -411,11 +433,14 @@ pub struct Placement {
 
 /// The head of the queue while it is blocked: how often backfill passed it, and since when
 /// it waits.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Head {
     id: u64,
     passed: u32,
     since: f64,
+    /// The GPUs it waits for, chosen when it was first blocked and kept until it starts:
+    /// chosen afresh each round, they would move, and backfill would fill them all.
+    held: BTreeSet<usize>,
 }
 
 /// The admission engine: a policy and the little state it keeps between rounds (how often
@@ -444,7 +469,7 @@ impl Admission {
         let mut blocked: Option<BTreeSet<usize>> = None;
         for job in queue {
             if blocked.is_some() {
-                let Some(head) = self.head else { break };
+                let Some(head) = &self.head else { break };
                 if !self.policy.backfill
                     || head.passed >= self.policy.max_bypass
                     || now - head.since >= self.policy.max_bypass_s
@@ -464,14 +489,19 @@ impl Admission {
                     placed.push(placement);
                 }
                 None if blocked.is_none() => {
-                    blocked = Some(self.held_for(job, gpus));
-                    if self.head.is_none_or(|h| h.id != job.id) {
+                    let held = match &self.head {
+                        Some(h) if h.id == job.id && self.policy.sticky_hold => h.held.clone(),
+                        _ => self.held_for(job, gpus),
+                    };
+                    if self.head.as_ref().is_none_or(|h| h.id != job.id) {
                         self.head = Some(Head {
                             id: job.id,
                             passed: 0,
                             since: now,
+                            held: held.clone(),
                         });
                     }
+                    blocked = Some(held);
                 }
                 None => {}
             }
@@ -542,7 +572,9 @@ impl Admission {
                 && !g.exclusive_job
                 && g.unmeasured_jobs == 0
                 && g.jobs < self.policy.max_clients
-                && avoid.is_none_or(|a| !a.contains(&i))
+                && avoid.is_none_or(|a| {
+                    !a.contains(&i) && g.risk.sm_activity < self.policy.backfill_max_sm_activity
+                })
         };
         // The idle-GPU path screens memory too: a job goes to an idle GPU only if its
         // estimate (at most all of the GPU but the reserve) fits what the GPU shows free.
@@ -630,6 +662,9 @@ impl Admission {
         if now < g.locked_until || !g.window_full {
             return false;
         }
+        if g.wide_jobs > 0 && g.risk.sm_activity >= self.policy.wide_max_sm_activity {
+            return false;
+        }
         // Saturating: an estimate near u64::MAX must fail the screen, not wrap past it.
         let needed = job.estimate_mib.saturating_add(self.policy.margin_mib);
         if self.free_mib(g).saturating_sub(self.policy.reserve_mib) < needed {
@@ -672,6 +707,7 @@ impl Admission {
             g.reserved_mib = g.reserved_mib.saturating_add(job.estimate_mib);
             g.exclusive_job |= placement.exclusive;
             g.unmeasured_jobs += u32::from(placement.until_measured);
+            g.wide_jobs += u32::from(placement.gpus.len() > 1);
             g.locked_until = g.locked_until.max(now + self.policy.settle_s);
             if let Some(feed) = &job.feed {
                 g.feeds.push(feed.clone());

@@ -235,6 +235,8 @@ pub enum SimError {
 #[derive(Debug, Clone)]
 struct Queued {
     job: usize,
+    /// What it declares, MiB (`mem_mib × estimate_scale`), if it does.
+    declared_mib: Option<u64>,
     estimate_mib: u64,
     basis: Basis,
     exclusive: bool,
@@ -526,6 +528,9 @@ fn replay(
             if learned {
                 // What it held when it died is at least what its family needs.
                 families.observe(&family_of(trace, r.queued.job), peak);
+                if let Some(declared) = r.queued.declared_mib {
+                    families.observe_declared(declared, peak);
+                }
             }
             if r.queued.crashes >= config.max_oom_retries {
                 failed_jobs += 1;
@@ -544,6 +549,7 @@ fn replay(
             };
             queue.push_front(Queued {
                 job: r.queued.job,
+                declared_mib: r.queued.declared_mib,
                 estimate_mib: raised.min(config.gpu_mem_mib),
                 basis,
                 exclusive: true,
@@ -564,6 +570,9 @@ fn replay(
             if learned {
                 let family = family_of(trace, r.queued.job);
                 families.observe(&family, peak);
+                if let Some(declared) = r.queued.declared_mib {
+                    families.observe_declared(declared, peak);
+                }
                 let estimate = learned_estimate(families.peak(&family).unwrap_or(peak));
                 for q in queue.iter_mut().filter(|q| {
                     q.basis == Basis::Guess && family_of(trace, q.job) == family
@@ -591,6 +600,7 @@ fn replay(
             };
             queue.push_back(Queued {
                 job: j,
+                declared_mib: declared,
                 estimate_mib: estimate.mib,
                 basis: estimate.basis,
                 exclusive: false,
@@ -632,8 +642,17 @@ fn replay(
                 s.reserved_mib = s.reserved_mib.saturating_add(r.reservation_mib(learned));
                 s.exclusive_job |= r.exclusive;
                 s.unmeasured_jobs += u32::from(r.until_measured && r.measured_mib.is_none());
+                s.wide_jobs += u32::from(r.gpus.len() > 1);
                 if let Some(feed) = &trace[r.queued.job].feed {
                     s.feeds.push(feed.clone());
+                }
+            }
+        }
+        if learned {
+            // A declaration is checked against what measured jobs showed, as of now.
+            for q in queue.iter_mut().filter(|q| q.basis == Basis::Declared) {
+                if let Some(declared) = q.declared_mib {
+                    q.estimate_mib = families.checked_declared(declared);
                 }
             }
         }
