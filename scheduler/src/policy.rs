@@ -144,22 +144,11 @@ pub struct Policy {
     /// blocked (default `f64::INFINITY`: bounded by [`Policy::max_bypass`] only).
     #[serde(default = "infinity")]
     pub max_bypass_s: f64,
-    /// A job passing a blocked head goes only to GPUs whose SM activity risk is below this
-    /// (default 1.0).
-    #[serde(default = "one")]
-    pub backfill_max_sm_activity: f64,
     /// Keep the GPUs a blocked head waits for until it starts.
     #[serde(default = "yes")]
     pub sticky_hold: bool,
-    /// A GPU running a multi-GPU job takes another job only while its SM activity risk is
-    /// below this (default 1.0).
-    #[serde(default = "one")]
-    pub wide_max_sm_activity: f64,
 }
 
-fn one() -> f64 {
-    1.0
-}
 
 fn yes() -> bool {
     true
@@ -256,9 +245,7 @@ impl Policy {
             measure_then_pack: false,
             measure_s: Self::MEASURE_S,
             max_bypass_s: f64::INFINITY,
-            backfill_max_sm_activity: 1.0,
             sticky_hold: false,
-            wide_max_sm_activity: 1.0,
         }
     }
 
@@ -287,6 +274,7 @@ impl Policy {
             feed_affinity: true,
             measure_then_pack: true,
             sticky_hold: true,
+            margin_mib: 1024,
             ..Self::carma(GpuOrdering::LeastUtilized)
         }
     }
@@ -322,8 +310,6 @@ pub struct GpuState {
     /// Such processes. A GPU with one is never idle: a job goes there only through the
     /// screens, as if it collocated.
     pub foreign_processes: u32,
-    /// The scheduler's jobs on this GPU that run on several GPUs.
-    pub wide_jobs: u32,
     /// Whether the telemetry windows are full ([`WINDOW`] samples). Just after the
     /// scheduler starts or restarts they are not, the risk scores mean little, and the GPU
     /// takes no collocated job (an idle GPU may still take one, memory screened).
@@ -349,7 +335,6 @@ impl Default for GpuState {
             unmeasured_jobs: 0,
             foreign_mib: 0,
             foreign_processes: 0,
-            wide_jobs: 0,
             window_full: true,
             risk: Risk::default(),
             locked_until: 0.0,
@@ -572,9 +557,7 @@ impl Admission {
                 && !g.exclusive_job
                 && g.unmeasured_jobs == 0
                 && g.jobs < self.policy.max_clients
-                && avoid.is_none_or(|a| {
-                    !a.contains(&i) && g.risk.sm_activity < self.policy.backfill_max_sm_activity
-                })
+                && avoid.is_none_or(|a| !a.contains(&i))
         };
         // The idle-GPU path screens memory too: a job goes to an idle GPU only if its
         // estimate (at most all of the GPU but the reserve) fits what the GPU shows free.
@@ -662,9 +645,6 @@ impl Admission {
         if now < g.locked_until || !g.window_full {
             return false;
         }
-        if g.wide_jobs > 0 && g.risk.sm_activity >= self.policy.wide_max_sm_activity {
-            return false;
-        }
         // Saturating: an estimate near u64::MAX must fail the screen, not wrap past it.
         let needed = job.estimate_mib.saturating_add(self.policy.margin_mib);
         if self.free_mib(g).saturating_sub(self.policy.reserve_mib) < needed {
@@ -707,7 +687,6 @@ impl Admission {
             g.reserved_mib = g.reserved_mib.saturating_add(job.estimate_mib);
             g.exclusive_job |= placement.exclusive;
             g.unmeasured_jobs += u32::from(placement.until_measured);
-            g.wide_jobs += u32::from(placement.gpus.len() > 1);
             g.locked_until = g.locked_until.max(now + self.policy.settle_s);
             if let Some(feed) = &job.feed {
                 g.feeds.push(feed.clone());
@@ -732,10 +711,12 @@ mod tests {
         ]
     }
 
+    /// A one-GPU job that declares `gib`.
     fn job(id: u64, gib: u64) -> Pending {
         Pending {
             id,
             estimate_mib: gib * GIB,
+            basis: Basis::Declared,
             gpus: 1,
             ..Pending::default()
         }
@@ -933,17 +914,173 @@ mod tests {
     }
 
     #[test]
-    fn ladle_gives_each_job_an_mps_limit_with_headroom_over_its_estimate() {
+    fn ladle_caps_a_declared_job_at_the_room_its_gpu_had_for_it() {
+        // Alone on a GPU: all of it but the reserve.
         let placed = admit("ladle", &[job(1, 6)], &mut gpus(1));
-        assert_eq!(placed[0].mem_limit_mib, Some(9 * GIB), "1.5 × 6 GiB");
-        let placed = admit("ladle", &[job(2, 2)], &mut gpus(1));
-        assert_eq!(
-            placed[0].mem_limit_mib,
-            Some(4 * GIB),
-            "2 GiB + the 2 GiB margin"
-        );
+        assert_eq!(placed[0].mem_limit_mib, Some(40 * GIB - 512));
+        // Beside a job using 10 GiB that reserved 12: what neither the use nor the
+        // reservation of the neighbour takes, less the reserve.
+        let mut g = gpus(1);
+        busy(&mut g[0], 10, 0.2);
+        g[0].reserved_mib = 12 * GIB;
+        let placed = admit("ladle", &[job(2, 6)], &mut g);
+        assert_eq!(placed[0].mem_limit_mib, Some(28 * GIB - 512));
         let placed = admit("carma-most-free", &[job(1, 6)], &mut gpus(1));
         assert_eq!(placed[0].mem_limit_mib, None);
+    }
+
+    #[test]
+    fn a_job_without_a_declared_estimate_is_never_given_a_limit_from_the_default_guess() {
+        let guess = Pending {
+            basis: Basis::Guess,
+            ..job(1, 4)
+        };
+        let mut g = gpus(2);
+        busy(&mut g[0], 4, 0.1);
+        let placed = admit("ladle", std::slice::from_ref(&guess), &mut g);
+        assert_eq!(placed[0].gpus, vec![1], "alone, on the idle GPU");
+        assert_eq!(placed[0].mem_limit_mib, None);
+        assert!(placed[0].until_measured && !placed[0].exclusive);
+        // With no idle GPU it waits rather than share a GPU on a guess.
+        busy(&mut g[1], 4, 0.1);
+        assert!(admit("ladle", &[guess], &mut g).is_empty());
+        // Measured, the same job packs, and may be capped.
+        let measured = Pending {
+            basis: Basis::Measured,
+            ..job(1, 4)
+        };
+        let placed = admit("ladle", &[measured], &mut g);
+        assert!(placed[0].mem_limit_mib.is_some());
+    }
+
+    #[test]
+    fn the_idle_path_screens_memory() {
+        // No job of ours on the GPU, but telemetry shows 30 GiB in use (a job that just
+        // ended, still freeing): a 20 GiB job does not go there, a 5 GiB job does.
+        for name in Policy::NAMES {
+            let mut g = gpus(1);
+            g[0].used_mib = 30 * GIB;
+            assert!(admit(name, &[job(1, 20)], &mut g.clone()).is_empty(), "{name}");
+            assert_eq!(admit(name, &[job(2, 5)], &mut g).len(), 1, "{name}");
+        }
+        // An estimate beyond the GPU still fits an empty one (it may use all of it).
+        let huge = Pending {
+            estimate_mib: 100 * GIB,
+            ..job(3, 0)
+        };
+        assert_eq!(admit("ladle", &[huge], &mut gpus(1)).len(), 1);
+    }
+
+    #[test]
+    fn a_foreign_process_makes_a_gpu_not_idle() {
+        let mut g = gpus(2);
+        g[0].foreign_processes = 1;
+        g[0].foreign_mib = 30 * GIB;
+        g[0].used_mib = 30 * GIB;
+        g[1].foreign_processes = 1;
+        g[1].foreign_mib = 2 * GIB;
+        g[1].used_mib = 2 * GIB;
+        // Not idle: a retry (which needs an idle GPU) goes nowhere.
+        let retry = Pending {
+            exclusive: true,
+            ..job(1, 1)
+        };
+        assert!(admit("ladle", &[retry], &mut g.clone()).is_empty());
+        // A job goes through the screens, with the other user's memory counted.
+        let placed = admit("ladle", &[job(2, 9)], &mut g.clone());
+        assert_eq!(placed[0].gpus, vec![1]);
+        assert!(admit("ladle", &[job(3, 9)], &mut g[..1].to_vec()).is_empty());
+        // Reservations do not hide it: 2 GiB foreign + 30 GiB reserved leaves 8 GiB.
+        g[1].reserved_mib = 30 * GIB;
+        g[1].jobs = 1;
+        assert!(admit("ladle", &[job(4, 7)], &mut g[1..].to_vec()).is_empty());
+        assert_eq!(admit("ladle", &[job(5, 6)], &mut g[1..].to_vec()).len(), 1);
+    }
+
+    #[test]
+    fn count_foreign_counts_the_processes_that_are_not_ours() {
+        use crate::telemetry::{GpuSample, ProcessMemory};
+        let mut windows = GpuWindows::default();
+        windows.push(GpuSample {
+            memory_used_mib: 3000,
+            memory_total_mib: 40 * GIB,
+            utilization: 0.0,
+            sm_activity: None,
+            sm_occupancy: None,
+            dram_bandwidth: None,
+            processes: vec![
+                ProcessMemory {
+                    pid: 10,
+                    used_mib: 1000,
+                },
+                ProcessMemory {
+                    pid: 20,
+                    used_mib: 2000,
+                },
+            ],
+        });
+        let mut g = GpuState::default();
+        g.count_foreign(&windows, |pid| pid == 10);
+        assert_eq!((g.foreign_processes, g.foreign_mib), (1, 2000));
+    }
+
+    #[test]
+    fn a_gpu_whose_window_is_not_full_takes_no_collocation() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 1, 0.1);
+        g[0].window_full = false;
+        g[1].window_full = false;
+        for name in Policy::NAMES {
+            // The idle GPU may still take a job; the busy one takes none.
+            let placed = admit(name, &[job(1, 1), job(2, 1)], &mut g.clone());
+            assert_eq!(placed.len(), 1, "{name}");
+            assert_eq!(placed[0].gpus, vec![1], "{name}");
+        }
+        let mut full = g.clone();
+        full[0].window_full = true;
+        assert_eq!(admit("ladle", &[job(1, 1), job(2, 1)], &mut full).len(), 2);
+        // GpuState::observed says whether the windows hold 30 samples.
+        let info = GpuInfo {
+            index: 0,
+            uuid: String::new(),
+            name: String::new(),
+            memory_total_mib: 40 * GIB,
+            unsuitable: Vec::new(),
+        };
+        let mut windows = GpuWindows::default();
+        let sample = crate::telemetry::GpuSample {
+            memory_used_mib: 0,
+            memory_total_mib: 40 * GIB,
+            utilization: 0.0,
+            sm_activity: Some(0.0),
+            sm_occupancy: None,
+            dram_bandwidth: None,
+            processes: Vec::new(),
+        };
+        for i in 0..WINDOW {
+            assert!(!GpuState::observed(&info, &windows).window_full, "{i} samples");
+            windows.push(sample.clone());
+        }
+        assert!(GpuState::observed(&info, &windows).window_full);
+    }
+
+    #[test]
+    fn a_blocked_heads_gpus_stay_held_until_it_starts() {
+        // A 25 GiB head fits nowhere; it waits for GPU 1 (most free memory). Later GPU 0
+        // frees more memory than GPU 1, but backfill still stays off GPU 1 and uses GPU 0.
+        let mut g = gpus(2);
+        busy(&mut g[0], 30, 0.2);
+        busy(&mut g[1], 20, 0.2);
+        let mut engine = Admission::new(Policy::named("ladle").unwrap());
+        let queue = [job(1, 25), job(2, 1)];
+        let placed = engine.admit(100.0, &queue, &mut g.clone());
+        assert_eq!((placed[0].job, &placed[0].gpus), (2, &vec![0]));
+        let mut later = gpus(2);
+        busy(&mut later[0], 14, 0.2);
+        busy(&mut later[1], 20, 0.2);
+        let placed = engine.admit(200.0, &queue, &mut later);
+        assert_eq!(placed[0].job, 2);
+        assert_eq!(placed[0].gpus, vec![0], "GPU 1 stays held for the head");
     }
 
     #[test]
@@ -996,13 +1133,41 @@ mod tests {
             exclusive: true,
             ..job(1, 4)
         };
+        // CARMA: exclusive for its whole run. ladle: alone until measured.
+        let placed = admit("carma-most-free", &[retry.clone()], &mut g.clone());
+        assert!(placed[0].exclusive && !placed[0].until_measured);
         let placed = admit("ladle", &[retry.clone(), job(2, 1)], &mut g);
         assert_eq!(placed[0].gpus, vec![1]);
-        assert!(placed[0].exclusive);
+        assert!(placed[0].until_measured && !placed[0].exclusive);
+        assert_eq!(placed[0].mem_limit_mib, None, "alone: uncapped");
+        assert_eq!(g[1].unmeasured_jobs, 1);
         // Nobody joins it, even with room to spare.
         assert_eq!(placed[1].gpus, vec![0]);
         busy(&mut g[1], 0, 0.0);
         assert!(admit("ladle", &[retry], &mut g).is_empty());
+    }
+
+    #[test]
+    fn an_oom_retry_asks_for_its_observed_peak_and_others_join_it_once_measured() {
+        // The retry of a job that peaked at 9 GiB asks for 1.1 × 9 GiB, measured.
+        let retry = Pending {
+            estimate_mib: crate::job::learned_estimate(9 * GIB),
+            basis: Basis::Measured,
+            exclusive: true,
+            ..job(1, 0)
+        };
+        let mut g = gpus(1);
+        let mut engine = Admission::new(Policy::named("ladle").unwrap());
+        let placed = engine.admit(0.0, &[retry], &mut g);
+        assert!(placed[0].until_measured);
+        assert_eq!(g[0].reserved_mib, 9 * GIB + 922);
+        g[0].used_mib = 9 * GIB;
+        g[0].risk.sm_activity = 0.3;
+        // Not yet measured: nobody joins.
+        assert!(engine.admit(100.0, &[job(2, 4)], &mut g.clone()).is_empty());
+        // Measured (the caller stops counting it as unmeasured): others join.
+        g[0].unmeasured_jobs = 0;
+        assert_eq!(engine.admit(100.0, &[job(2, 4)], &mut g).len(), 1);
     }
 
     #[test]
