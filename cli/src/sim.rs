@@ -275,55 +275,48 @@ fn print_seeds(
     means: &BTreeMap<String, MeanResult>,
 ) -> io::Result<()> {
     writeln!(out, "{heading}")?;
-    type Metric = fn(&SimReport) -> f64;
-    let tables: [(&str, Metric, Box<dyn Fn(&MeanResult) -> f64>, usize); 4] = [
+    type Cell = fn(&SimReport) -> String;
+    type Mean = fn(&MeanResult) -> String;
+    let tables: [(&str, Cell, Mean); 4] = [
         (
             "makespan / lower bound",
-            |r| r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE),
-            Box::new(|m| m.makespan_over_bound),
-            3,
+            |r| format!("{:.3}", r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE)),
+            |m| format!("{:.3}", m.makespan_over_bound),
         ),
-        ("makespan_s", |r| r.makespan_s, Box::new(|m| m.makespan_s), 0),
-        ("mean_jct_s", |r| r.mean_jct_s, Box::new(|m| m.mean_jct_s), 0),
+        (
+            "makespan_s",
+            |r| format!("{:.0}", r.makespan_s),
+            |m| format!("{:.0}", m.makespan_s),
+        ),
+        (
+            "mean_jct_s",
+            |r| format!("{:.0}", r.mean_jct_s),
+            |m| format!("{:.0}", m.mean_jct_s),
+        ),
         (
             "oom_crashes (failed jobs)",
-            |r| f64::from(r.oom_crashes) + f64::from(r.failed_jobs) / 1000.0,
-            Box::new(|m| m.oom_crashes + m.failed_jobs / 1000.0),
-            0,
+            |r| format!("{} ({})", r.oom_crashes, r.failed_jobs),
+            |m| format!("{:.1} ({:.1})", m.oom_crashes, m.failed_jobs),
         ),
     ];
-    for (title, metric, mean, digits) in &tables {
+    for (title, cell, mean) in tables {
         writeln!(out, "\n{title}")?;
         write!(out, "{:>6} {:>9}", "seed", "bound_s")?;
         for name in order {
             write!(out, " {name:>16}")?;
         }
         writeln!(out)?;
-        let cell = |x: f64| {
-            if title.starts_with("oom") {
-                let crashes = x.trunc();
-                let failed = ((x - crashes) * 1000.0).round();
-                format!("{crashes:.0} ({failed:.0})")
-            } else {
-                format!("{x:.digits$}")
-            }
-        };
         for s in results {
             write!(out, "{:>6} {:>9.0}", s.seed, s.lower_bound_s)?;
             for name in order {
-                let x = s.policies.get(name).map_or(f64::NAN, metric);
-                write!(out, " {:>16}", cell(x))?;
+                let text = s.policies.get(name).map_or_else(|| "-".to_owned(), cell);
+                write!(out, " {text:>16}")?;
             }
             writeln!(out)?;
         }
         write!(out, "{:>6} {:>9}", "mean", "")?;
         for name in order {
-            let x = means.get(name).map_or(f64::NAN, mean);
-            let text = if title.starts_with("oom") {
-                format!("{:.1}", x.trunc())
-            } else {
-                format!("{x:.digits$}")
-            };
+            let text = means.get(name).map_or_else(|| "-".to_owned(), mean);
             write!(out, " {text:>16}")?;
         }
         writeln!(out)?;
@@ -515,6 +508,54 @@ mod tests {
         let full = Err(io::Error::from(io::ErrorKind::StorageFull));
         let e = quiet_on_broken_pipe(full).unwrap_err();
         assert!(e.to_string().contains("stdout"), "{e}");
+    }
+
+    #[test]
+    fn seeds_are_ranges_lists_or_single_numbers() {
+        assert_eq!(parse_seeds("1-3").unwrap(), vec![1, 2, 3]);
+        assert_eq!(parse_seeds("7").unwrap(), vec![7]);
+        assert_eq!(parse_seeds("1,4, 5-6").unwrap(), vec![1, 4, 5, 6]);
+        for bad in ["", "3-1", "a", "1-100000"] {
+            assert!(parse_seeds(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_seed_tables_give_every_seed_and_the_mean_against_the_lower_bound() {
+        let trace = generate(&GenerateConfig {
+            jobs: 6,
+            seed: 1,
+            mean_gap_s: 10.0,
+        });
+        let names = ["carma-most-free", "ladle"];
+        let mut policies = BTreeMap::new();
+        for name in names {
+            let policy = Policy::named(name).unwrap();
+            let (report, _) = simulate_jobs(&trace, policy, &SimConfig::default()).unwrap();
+            policies.insert(name.to_owned(), report);
+        }
+        let results = vec![SeedResult {
+            seed: 1,
+            lower_bound_s: policies["ladle"].lower_bound_s,
+            policies,
+        }];
+        let order: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let means = order
+            .iter()
+            .map(|n| (n.clone(), MeanResult::default()))
+            .collect();
+        let mut out = Vec::new();
+        print_seeds(&mut out, "heading", &order, &results, &means).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for needle in [
+            "makespan / lower bound",
+            "mean_jct_s",
+            "oom_crashes (failed jobs)",
+            "best CARMA rule",
+            "0 (0)",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in {text}");
+        }
     }
 
     #[test]
