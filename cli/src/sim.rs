@@ -19,8 +19,8 @@ use clap::{Args, Subcommand};
 use ladle_scheduler::policy::Policy;
 use ladle_scheduler::sim::generate::{GenerateConfig, generate};
 use ladle_scheduler::sim::{SimConfig, SimReport, simulate_jobs, trace};
-use serde::Serialize;
 use ladle_scheduler::units::parse_mib;
+use serde::Serialize;
 
 use crate::records::quiet_on_broken_pipe;
 
@@ -280,7 +280,12 @@ fn print_seeds(
     let tables: [(&str, Cell, Mean); 4] = [
         (
             "makespan / lower bound",
-            |r| format!("{:.3}", r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE)),
+            |r| {
+                format!(
+                    "{:.3}",
+                    r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE)
+                )
+            },
             |m| format!("{:.3}", m.makespan_over_bound),
         ),
         (
@@ -346,7 +351,10 @@ fn print_seeds(
         else {
             continue;
         };
-        let (m, j) = (ladle.makespan_s / b.makespan_s, ladle.mean_jct_s / b.mean_jct_s);
+        let (m, j) = (
+            ladle.makespan_s / b.makespan_s,
+            ladle.mean_jct_s / b.mean_jct_s,
+        );
         makespan_sum += m;
         jct_sum += j;
         writeln!(

@@ -194,7 +194,10 @@ mod tests {
         let b = family_key(&cmd("python train.py --lr 0.01 --batch-size 128"));
         assert_eq!(a, b);
         assert_eq!(a, "python train.py --lr * --batch-size *");
-        assert_ne!(a, family_key(&cmd("python eval.py --lr 0.1 --batch-size 64")));
+        assert_ne!(
+            a,
+            family_key(&cmd("python eval.py --lr 0.1 --batch-size 64"))
+        );
         assert_eq!(
             family_key(&cmd("ladle consume --epochs=2 --step-ms 10")),
             family_key(&cmd("ladle consume --epochs=4 --step-ms 20"))

@@ -16,32 +16,73 @@
 //!   scores (unknown occupancy or bandwidth, on GPUs without GPM, counts as high).
 //!   Candidates are ordered most-free-memory, least-utilised, first-fit or best-fit. After
 //!   each dispatch the GPU settles for [`Policy::settle_s`] seconds, so the next decision sees
-//!   the new job's memory and load.
+//!   the new job's memory and load. An out-of-memory retry ([`Pending::exclusive`]) waits
+//!   for idle GPUs and holds them for its whole run.
 //! - **ladle** (`ladle`): CARMA's rules with the least-utilised ordering (memory is already
 //!   screened with reservations, so the scarce thing left to balance is SM time), plus
-//!   - *reservations*: free memory is `min(observed, total − Σ estimates of admitted jobs)`,
-//!     so a job that has not allocated yet still counts;
-//!   - *per-job MPS memory limits*: each collocated job gets
-//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` of `max(estimate + margin, 1.5 × estimate)`
-//!     ([`Policy::limit_mib`]), so a runaway job crashes itself, not its neighbours (a job
-//!     placed exclusively gets no limit);
-//!   - *learned estimates*: a command's next estimate comes from its observed peak;
+//!   - *measure, then pack* ([`Policy::measure_then_pack`]): a job on a [`Basis::Guess`]
+//!     (it declared nothing and its family has not been measured) runs alone on idle GPUs
+//!     until it is measured, and is never given a memory limit; so does an out-of-memory
+//!     retry, which asks for its observed peak (×1.1, [`crate::job::learned_estimate`]) as
+//!     [`Basis::Measured`]. Once measured, others may join it ([`Placement::until_measured`],
+//!     [`GpuState::unmeasured_jobs`]). Declared jobs are trusted and packed at once;
+//!   - *reservations*: free memory is `min(observed, total − other users' memory − Σ
+//!     reservations of admitted jobs)`, so a job that has not allocated yet still counts;
+//!   - *a 1 GiB margin* instead of CARMA's 2 GiB: estimates are declared and checked against
+//!     measured peaks ([`crate::estimate::Families::declared_factor`]), or measured (+10%);
+//!   - *per-job MPS memory limits that protect the neighbours*: a job whose estimate may cap
+//!     ([`Basis::may_cap`]) and that is not placed alone gets
+//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` of the room its GPUs had for it: `free − reserve`
+//!     by the formula above (at least its estimate). A job that under-declares dies at its
+//!     limit only where it would really have overflowed the GPU or eaten a neighbour's
+//!     reservation, never for overshooting a factor of its own estimate;
 //!   - *backfill*: when the head cannot start, later jobs may, but never on the GPUs the head
-//!     is waiting for (the ones with the most free memory, or for a job that needs exclusive
-//!     GPUs the least loaded), and at most [`Policy::max_bypass`] times per head, so the
-//!     head cannot starve;
+//!     is waiting for (chosen when it is first blocked and kept until it starts: the ones
+//!     with the most free memory, or for a job that must run alone the idle or least loaded
+//!     ones), at most [`Policy::max_bypass`] times per head and for at most
+//!     [`Policy::max_bypass_s`] seconds, so the head cannot starve;
 //!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
 //!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
 //!     the ordering.
 //!
-//! A job that crashed out of memory comes back flagged [`Pending::exclusive`]: it waits
-//! for idle GPUs under every policy.
+//! For every policy: **the idle-GPU path screens memory too** (an idle GPU takes a job only
+//! if the estimate, at most the GPU less the reserve, fits what telemetry shows free); a GPU
+//! with another user's process is not idle ([`GpuState::foreign_processes`]), and a GPU whose
+//! telemetry windows are not yet full takes no collocated job ([`GpuState::window_full`]).
+//!
+//! ## Measured
+//! A running job is **measured** once it has run [`Policy::measure_s`] seconds (default 30,
+//! one telemetry window at 1 Hz) with its GPUs' windows full: its peak memory so far (the
+//! largest per-process memory telemetry showed for it on any of its GPUs) is then its
+//! measured footprint. From then on the caller
+//! - stops counting it in [`GpuState::unmeasured_jobs`] (if it was placed
+//!   [`Placement::until_measured`]), so others may join it;
+//! - reserves for it the larger of its estimate and `learned_estimate(peak)` in
+//!   [`GpuState::reserved_mib`];
+//! - records the peak for its family ([`crate::estimate::Families::observe`]) and, if it
+//!   declared, against its declaration ([`crate::estimate::Families::observe_declared`]),
+//!   so queued members of the family become [`Basis::Measured`] and pack by it.
+//!
+//! A job that is running but not yet measured and was placed `until_measured` shows as
+//! `unmeasured_jobs > 0` on each of its GPUs: those GPUs take no job until it is measured.
+//!
+//! ## What the caller fills
+//! [`GpuState::observed`] fills `total_mib`, `used_mib`, `risk` and `unusable`;
+//! `window_full` is [`windows_full`] of the GPU's windows (false for 30 s after the
+//! scheduler starts or restarts); [`GpuState::count_foreign`] fills `foreign_processes` and
+//! `foreign_mib`
+//! from the latest sample's processes that are not the scheduler's (its jobs' processes and
+//! the MPS server). For each running job, on each of its GPUs: `jobs += 1`,
+//! `reserved_mib += reservation` (above), `exclusive_job |= placement.exclusive`,
+//! `unmeasured_jobs += 1` while placed `until_measured` and not measured, its feed in
+//! `feeds`; `locked_until` from the previous round. For each queued job: `estimate_mib` and
+//! `basis` from [`crate::estimate::Families::estimate`], `exclusive` for a retry.
 //!
 //! Memory arithmetic saturates: an estimate of any size (up to `u64::MAX`) fails the memory
 //! screen of every busy GPU and fills a GPU's reservations, and never wraps around into a
 //! small number. (The daemon's socket refuses sizes above [`crate::units::MAX_MIB`] before
-//! they get here; the engine does not rely on that.) The idle-GPU rule screens no memory:
-//! a job alone on its GPUs may use all of them, whatever it estimated.
+//! they get here; the engine does not rely on that.) An estimate beyond a GPU's size still
+//! fits that GPU when it is idle and all free: a job alone on its GPUs may use all of them.
 
 use std::collections::BTreeSet;
 
@@ -110,7 +151,7 @@ pub struct Policy {
     pub ordering: GpuOrdering,
     /// Memory kept free on every GPU, MiB (CARMA: 512).
     pub reserve_mib: u64,
-    /// Safety margin added to a job's estimate, MiB (CARMA: 2048).
+    /// Safety margin added to a job's estimate, MiB (CARMA: 2048; `ladle`: 1024).
     pub margin_mib: u64,
     /// The compute screen, if any.
     pub compute: Option<ComputeScreen>,
@@ -125,7 +166,7 @@ pub struct Policy {
     /// Count admitted jobs' estimates against free memory.
     pub reservations: bool,
     /// Give each job whose estimate may cap ([`Basis::may_cap`]) an MPS pinned-memory
-    /// limit: the room its GPUs had for it (see [`Admission`]'s module docs).
+    /// limit: the room its GPUs had for it (see the module docs).
     pub mps_limits: bool,
     /// Use a family's observed peak as its members' next estimate.
     pub learned_estimates: bool,
@@ -144,11 +185,11 @@ pub struct Policy {
     /// blocked (default `f64::INFINITY`: bounded by [`Policy::max_bypass`] only).
     #[serde(default = "infinity")]
     pub max_bypass_s: f64,
-    /// Keep the GPUs a blocked head waits for until it starts.
+    /// Keep the GPUs a blocked head waits for until it starts (`ladle`; CARMA has no
+    /// backfill). Chosen afresh in every round they move, and backfill fills them all.
     #[serde(default = "yes")]
     pub sticky_hold: bool,
 }
-
 
 fn yes() -> bool {
     true
@@ -261,8 +302,9 @@ impl Policy {
         }
     }
 
-    /// `ladle`: CARMA least-utilised plus backfill, reservations, per-job MPS limits,
-    /// learned estimates and feed affinity.
+    /// `ladle`: CARMA least-utilised plus measure-then-pack, backfill with held GPUs,
+    /// reservations, a 1 GiB margin, per-job MPS limits from the room left, learned
+    /// estimates and feed affinity (see the module docs).
     pub fn ladle() -> Self {
         Self {
             name: "ladle".to_owned(),
@@ -346,14 +388,13 @@ impl Default for GpuState {
 
 impl GpuState {
     /// A GPU as its telemetry windows show it, before the scheduler's own jobs are counted
-    /// (`jobs`, `reserved_mib`, `exclusive_job`, `unmeasured_jobs`, `feeds`) and other
-    /// users' processes are told apart ([`GpuState::count_foreign`]), with no settle lock.
-    /// `window_full` is whether the windows hold [`WINDOW`] samples.
+    /// (`jobs`, `reserved_mib`, `exclusive_job`, `unmeasured_jobs`, `feeds`), other users'
+    /// processes are told apart ([`GpuState::count_foreign`]) and `window_full` is set
+    /// ([`windows_full`]; left `true` here), with no settle lock.
     pub fn observed(info: &GpuInfo, windows: &GpuWindows) -> Self {
         Self {
             total_mib: info.memory_total_mib,
             used_mib: windows.last.as_ref().map_or(0, |s| s.memory_used_mib),
-            window_full: windows.sm_activity.len() >= WINDOW,
             risk: windows.risk(),
             locked_until: f64::NEG_INFINITY,
             unusable: !info.unsuitable.is_empty(),
@@ -371,6 +412,12 @@ impl GpuState {
             self.foreign_mib = self.foreign_mib.saturating_add(p.used_mib);
         }
     }
+}
+
+/// Whether a GPU's telemetry windows are full ([`WINDOW`] samples): the value of
+/// [`GpuState::window_full`].
+pub fn windows_full(windows: &GpuWindows) -> bool {
+    windows.sm_activity.len() >= WINDOW
 }
 
 /// A queued job as admission sees it.
@@ -531,11 +578,7 @@ impl Admission {
         if self.runs_alone(job) {
             order.sort_by_key(|&i| {
                 let g = &gpus[i];
-                (
-                    !Self::idle(g),
-                    g.jobs,
-                    std::cmp::Reverse(self.free_mib(g)),
-                )
+                (!Self::idle(g), g.jobs, std::cmp::Reverse(self.free_mib(g)))
             });
         } else {
             order.sort_by_key(|&i| std::cmp::Reverse(self.free_mib(&gpus[i])));
@@ -960,7 +1003,10 @@ mod tests {
         for name in Policy::NAMES {
             let mut g = gpus(1);
             g[0].used_mib = 30 * GIB;
-            assert!(admit(name, &[job(1, 20)], &mut g.clone()).is_empty(), "{name}");
+            assert!(
+                admit(name, &[job(1, 20)], &mut g.clone()).is_empty(),
+                "{name}"
+            );
             assert_eq!(admit(name, &[job(2, 5)], &mut g).len(), 1, "{name}");
         }
         // An estimate beyond the GPU still fits an empty one (it may use all of it).
@@ -1039,14 +1085,7 @@ mod tests {
         let mut full = g.clone();
         full[0].window_full = true;
         assert_eq!(admit("ladle", &[job(1, 1), job(2, 1)], &mut full).len(), 2);
-        // GpuState::observed says whether the windows hold 30 samples.
-        let info = GpuInfo {
-            index: 0,
-            uuid: String::new(),
-            name: String::new(),
-            memory_total_mib: 40 * GIB,
-            unsuitable: Vec::new(),
-        };
+        // windows_full says whether the windows hold 30 samples.
         let mut windows = GpuWindows::default();
         let sample = crate::telemetry::GpuSample {
             memory_used_mib: 0,
@@ -1058,10 +1097,10 @@ mod tests {
             processes: Vec::new(),
         };
         for i in 0..WINDOW {
-            assert!(!GpuState::observed(&info, &windows).window_full, "{i} samples");
+            assert!(!windows_full(&windows), "{i} samples");
             windows.push(sample.clone());
         }
-        assert!(GpuState::observed(&info, &windows).window_full);
+        assert!(windows_full(&windows));
     }
 
     #[test]
@@ -1134,7 +1173,7 @@ mod tests {
             ..job(1, 4)
         };
         // CARMA: exclusive for its whole run. ladle: alone until measured.
-        let placed = admit("carma-most-free", &[retry.clone()], &mut g.clone());
+        let placed = admit("carma-most-free", std::slice::from_ref(&retry), &mut g.clone());
         assert!(placed[0].exclusive && !placed[0].until_measured);
         let placed = admit("ladle", &[retry.clone(), job(2, 1)], &mut g);
         assert_eq!(placed[0].gpus, vec![1]);

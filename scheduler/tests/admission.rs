@@ -72,7 +72,11 @@ fn admission_behaves(backend: &mut dyn Telemetry) {
         let g = small[0].gpus[0];
         assert!(usable.contains(&g));
         let free = busy[g].total_mib - busy[g].used_mib;
-        assert_eq!(small[0].mem_limit_mib, Some(free - 512), "free less the reserve");
+        assert_eq!(
+            small[0].mem_limit_mib,
+            Some(free - 512),
+            "free less the reserve"
+        );
     }
     // ...and a job larger than any GPU is never collocated.
     let largest = busy.iter().map(|s| s.total_mib).max().unwrap();

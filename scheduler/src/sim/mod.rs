@@ -24,11 +24,23 @@
 //! - **Memory**: a job holds its trace `mem_mib` on each of its GPUs from start to end. A job
 //!   that starts on a GPU whose summed memory then exceeds the GPU's, or whose memory
 //!   exceeds its own MPS limit, crashes out of memory [`SimConfig::oom_after_s`] seconds later
-//!   (10 s: the framework's first allocations), releasing its GPUs. It goes back to the head
-//!   of the queue, exclusive, with its estimate raised to `max(1.5 × estimate, 1.1 × observed
-//!   peak)` (the peak only with learned estimates), at most [`SimConfig::max_oom_retries`]
-//!   times; then it counts as failed.
-//! - **Estimates**: a job's estimate is `estimate_scale × mem_mib` (1.0: honest).
+//!   (10 s: the framework's first allocations), releasing its GPUs. Its observed peak is its
+//!   memory, or its limit if that stopped it. It goes back to the head of the queue flagged
+//!   [`Pending::exclusive`]: with learned estimates (`ladle`) asking for 1.1 × the observed
+//!   peak ([`Basis::Measured`]), alone until measured; otherwise (CARMA) with 1.5 × its
+//!   estimate, alone for its whole run. After [`SimConfig::max_oom_retries`] retries it counts
+//!   as failed ([`JobOutcome::failed`]) and is not run again.
+//! - **Estimates**: a job that declares (the trace's `declared` column, default true)
+//!   declares `estimate_scale × mem_mib` (1.0: honest); one that does not gets
+//!   [`SimConfig::default_estimate_mib`] (4096, the daemon's default) as a
+//!   [`Basis::Guess`], or with learned estimates its family's measured peak × 1.1 (a job
+//!   without a `family` is a family of its own). With learned estimates, a declaration is
+//!   scaled by [`Families::declared_factor`] at each admission round.
+//! - **Measurement**: a job is measured [`Policy::measure_s`] seconds after it starts (the
+//!   windows are full by then: they fill in the first 30 s of the trace). Its peak is then
+//!   known: its family learns it, queued guesses of the family become measured estimates, a
+//!   declaration is compared with it, and with learned estimates its reservation becomes
+//!   `max(estimate, 1.1 × peak)` (see [`crate::policy`]'s "Measured").
 //! - **Power**: each GPU draws `idle_w + (max_w − idle_w) · min(1, D)`; defaults 60 W idle and
 //!   400 W at full load, an A100-SXM4-40GB's idle draw and TDP. All GPUs count from the first
 //!   arrival to the last completion.
@@ -36,7 +48,8 @@
 //! ## Metrics
 //! `makespan_s` (first arrival to last completion), `mean_jct_s` (completion − arrival,
 //! over completed jobs), `mean_gpu_util` (time-average of `min(1, D)` over GPUs),
-//! `oom_crashes`, `energy_kwh`, `failed_jobs`.
+//! `oom_crashes`, `energy_kwh`, `failed_jobs`, and the trace's `lower_bound_s`
+//! ([`LowerBound`]: no schedule under this model finishes sooner).
 
 pub mod generate;
 pub mod trace;
@@ -47,7 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::estimate::{Basis, Families};
 use crate::job::learned_estimate;
-use crate::policy::{Admission, GpuState, Pending, Placement, Policy};
+use crate::policy::{Admission, GpuState, Pending, Placement, Policy, windows_full};
 use crate::telemetry::{GpuWindows, SimGpus, SimLoad, Telemetry};
 use crate::window::WINDOW;
 
@@ -144,7 +157,10 @@ pub struct LowerBound {
 impl LowerBound {
     /// The bound of `trace` on `config`'s machine.
     pub fn of(trace: &[TraceJob], config: &SimConfig) -> Self {
-        let start = trace.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+        let start = trace
+            .iter()
+            .map(|j| j.submit_s)
+            .fold(f64::INFINITY, f64::min);
         let gpus = config.gpus.max(1) as f64;
         Self {
             latest_s: trace
@@ -574,9 +590,10 @@ fn replay(
                     families.observe_declared(declared, peak);
                 }
                 let estimate = learned_estimate(families.peak(&family).unwrap_or(peak));
-                for q in queue.iter_mut().filter(|q| {
-                    q.basis == Basis::Guess && family_of(trace, q.job) == family
-                }) {
+                for q in queue
+                    .iter_mut()
+                    .filter(|q| q.basis == Basis::Guess && family_of(trace, q.job) == family)
+                {
                     q.estimate_mib = estimate;
                     q.basis = Basis::Measured;
                 }
@@ -632,6 +649,7 @@ fn replay(
             .zip(&locked_until)
             .map(|((info, w), &locked_until)| GpuState {
                 locked_until,
+                window_full: windows_full(w),
                 ..GpuState::observed(info, w)
             })
             .collect();
@@ -841,7 +859,10 @@ mod tests {
         // declaration is scaled by 4 too (20 GiB): it waits for big instead of crashing.
         let ladle = run("ladle", &trace, &config);
         assert_eq!((ladle.oom_crashes, ladle.failed_jobs), (0, 0), "{ladle:?}");
-        assert!(ladle.makespan_s <= carma.makespan_s, "{ladle:?} vs {carma:?}");
+        assert!(
+            ladle.makespan_s <= carma.makespan_s,
+            "{ladle:?} vs {carma:?}"
+        );
     }
 
     fn undeclared(id: &str, submit_s: f64, duration_s: f64, mem_mib: u64, sm: f64) -> TraceJob {
@@ -853,8 +874,7 @@ mod tests {
     }
 
     #[test]
-    fn a_job_without_a_declared_estimate_is_never_oom_killed_by_a_limit_from_the_default_guess()
-    {
+    fn a_job_without_a_declared_estimate_is_never_oom_killed_by_a_limit_from_the_default_guess() {
         // Needs 12 GiB, gets the 4 GiB guess: alone until measured, never capped by it.
         let config = SimConfig {
             gpus: 1,
@@ -882,7 +902,10 @@ mod tests {
         let (r, jobs) = simulate_jobs(&trace, policy, &config).unwrap();
         let (first, second) = (jobs[0].start_s.unwrap(), jobs[1].start_s.unwrap());
         assert!(second >= first + measure_s, "{jobs:?}");
-        assert!(second < jobs[0].finish_s.unwrap(), "packed, not queued: {jobs:?}");
+        assert!(
+            second < jobs[0].finish_s.unwrap(),
+            "packed, not queued: {jobs:?}"
+        );
         assert_eq!(r.oom_crashes, 0);
     }
 
@@ -926,11 +949,13 @@ mod tests {
         };
         let trace = [job("huge", 0.0, 100.0, 50 * 1024, 0.3)];
         for name in ["carma-most-free", "ladle"] {
-            let (r, jobs) =
-                simulate_jobs(&trace, Policy::named(name).unwrap(), &config).unwrap();
+            let (r, jobs) = simulate_jobs(&trace, Policy::named(name).unwrap(), &config).unwrap();
             assert_eq!(r.oom_crashes, config.max_oom_retries + 1, "{name}");
             assert_eq!(r.failed_jobs, 1, "{name}");
-            assert!(jobs[0].failed && jobs[0].finish_s.is_none(), "{name}: {jobs:?}");
+            assert!(
+                jobs[0].failed && jobs[0].finish_s.is_none(),
+                "{name}: {jobs:?}"
+            );
         }
     }
 

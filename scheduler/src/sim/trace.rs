@@ -425,12 +425,18 @@ mod tests {
 
     #[test]
     fn optional_columns_come_in_any_order_and_default_to_declared_without_a_family() {
-        let text = format!("{HEADER},family,declared\na,0,10,100,0.5,1,f,false\nb,0,10,100,0.5,1,,\n");
+        let text =
+            format!("{HEADER},family,declared\na,0,10,100,0.5,1,f,false\nb,0,10,100,0.5,1,,\n");
         let jobs = parse(&text).unwrap();
-        assert_eq!((jobs[0].declared, jobs[0].family.as_deref()), (false, Some("f")));
+        assert_eq!(
+            (jobs[0].declared, jobs[0].family.as_deref()),
+            (false, Some("f"))
+        );
         assert_eq!((jobs[1].declared, jobs[1].family.as_deref()), (true, None));
         assert!(matches!(
-            parse(&format!("{HEADER},declared,declared\na,0,10,100,0.5,1,true,true\n")),
+            parse(&format!(
+                "{HEADER},declared,declared\na,0,10,100,0.5,1,true,true\n"
+            )),
             Err(ParseError::Header(_))
         ));
         assert!(matches!(
