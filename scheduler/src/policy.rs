@@ -1173,7 +1173,11 @@ mod tests {
             ..job(1, 4)
         };
         // CARMA: exclusive for its whole run. ladle: alone until measured.
-        let placed = admit("carma-most-free", std::slice::from_ref(&retry), &mut g.clone());
+        let placed = admit(
+            "carma-most-free",
+            std::slice::from_ref(&retry),
+            &mut g.clone(),
+        );
         assert!(placed[0].exclusive && !placed[0].until_measured);
         let placed = admit("ladle", &[retry.clone(), job(2, 1)], &mut g);
         assert_eq!(placed[0].gpus, vec![1]);
