@@ -1,5 +1,10 @@
 //! `ladle sim`: replay a trace under several admission policies and compare them;
-//! `ladle sim generate`: write a CARMA-like trace.
+//! `ladle sim generate`: write a CARMA-like trace; `ladle sim --generate-seeds 1-10`: replay
+//! the generated traces of several seeds and print each seed's results and their mean.
+//!
+//! Every table gives `makespan ÷ lower bound`, the bound of
+//! [`ladle_scheduler::sim::LowerBound`]: the largest of the latest arrival + duration, the
+//! total SM work per GPU and the total memory-time per GPU memory.
 //!
 //! The report goes to stdout through [`print_report`]; a reader that goes away early
 //! (`ladle sim … --json | head -c 10`) ends the command quietly, with success, as a closed
@@ -15,6 +20,7 @@ use ladle_scheduler::policy::Policy;
 use ladle_scheduler::sim::generate::{GenerateConfig, generate};
 use ladle_scheduler::sim::{SimConfig, SimReport, simulate_jobs, trace};
 use ladle_scheduler::units::parse_mib;
+use serde::Serialize;
 
 use crate::records::quiet_on_broken_pipe;
 
@@ -53,9 +59,20 @@ struct GenerateArgs {
 #[derive(Debug, Args)]
 struct ReplayArgs {
     /// The trace: CSV with columns job_id,submit_s,duration_s,mem_mib,sm_activity,gpus
-    /// (seconds, MiB per GPU, SM demand 0–1, GPUs) and an optional feed column.
-    #[arg(long)]
+    /// (seconds, MiB per GPU, SM demand 0–1, GPUs) and optional feed, declared (true/false:
+    /// whether the job declares its memory) and family columns.
+    #[arg(long, conflicts_with = "generate_seeds")]
     trace: Option<PathBuf>,
+    /// Instead of --trace: replay the generated traces of these seeds (`1-10`, `3`,
+    /// `1,4,7`) and print every seed's results and the mean.
+    #[arg(long)]
+    generate_seeds: Option<String>,
+    /// Jobs per generated trace (with --generate-seeds).
+    #[arg(long, default_value_t = 60)]
+    jobs: usize,
+    /// Mean gap between arrivals of a generated trace, seconds (with --generate-seeds).
+    #[arg(long, default_value_t = 60.0)]
+    mean_gap_s: f64,
     /// Simulated GPUs.
     #[arg(long, default_value_t = 3)]
     gpus: usize,
@@ -97,42 +114,279 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
             eprintln!("wrote {} jobs to {}", jobs.len(), g.out.display());
             Ok(())
         }
+        None if args.replay.generate_seeds.is_some() => seeds(args.replay),
         None => replay(args.replay),
     }
 }
 
-fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let Some(path) = args.trace else {
-        bail!("--trace FILE.csv is required (or use `ladle sim generate` to write one)");
-    };
-    let jobs = trace::read(&path)?;
+/// The simulated machine of the arguments.
+fn machine(args: &ReplayArgs) -> anyhow::Result<SimConfig> {
     if !(args.estimate_scale.is_finite() && args.estimate_scale > 0.0) {
         bail!("--estimate-scale must be a positive number");
     }
-    let config = SimConfig {
+    Ok(SimConfig {
         gpus: args.gpus,
         gpu_mem_mib: parse_mib(&args.gpu_mem).context("--gpu-mem")?,
         estimate_scale: args.estimate_scale,
         ..SimConfig::default()
-    };
+    })
+}
+
+/// The policies of the arguments, with `--settle-s` applied.
+fn policies(args: &ReplayArgs) -> anyhow::Result<Vec<Policy>> {
     let names: Vec<&str> = if args.policy == "all" {
         Policy::NAMES.to_vec()
     } else {
         args.policy.split(',').map(str::trim).collect()
     };
+    names
+        .into_iter()
+        .map(|name| {
+            let mut policy = Policy::named(name)?;
+            if let Some(settle) = args.settle_s {
+                if !(settle.is_finite() && settle >= 0.0) {
+                    bail!("--settle-s must be a number ≥ 0");
+                }
+                if !policy.exclusive {
+                    policy.settle_s = settle;
+                }
+            }
+            Ok(policy)
+        })
+        .collect()
+}
+
+/// Parses `1-10`, `3` or `1,4,7`.
+fn parse_seeds(text: &str) -> anyhow::Result<Vec<u64>> {
+    let mut seeds = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let number = |s: &str| {
+            s.trim()
+                .parse::<u64>()
+                .with_context(|| format!("--generate-seeds: {s:?} is not a seed"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (number(a)?, number(b)?);
+                if a > b || b - a >= 10_000 {
+                    bail!("--generate-seeds: {part:?} is not a range of at most 10000 seeds");
+                }
+                seeds.extend(a..=b);
+            }
+            None => seeds.push(number(part)?),
+        }
+    }
+    Ok(seeds)
+}
+
+/// One seed's results.
+#[derive(Debug, Serialize)]
+struct SeedResult {
+    seed: u64,
+    lower_bound_s: f64,
+    policies: BTreeMap<String, SimReport>,
+}
+
+/// The mean over seeds of one policy's results.
+#[derive(Debug, Default, Serialize)]
+struct MeanResult {
+    makespan_s: f64,
+    makespan_over_bound: f64,
+    mean_jct_s: f64,
+    mean_gpu_util: f64,
+    oom_crashes: f64,
+    failed_jobs: f64,
+}
+
+fn seeds(args: ReplayArgs) -> anyhow::Result<()> {
+    let seeds = parse_seeds(args.generate_seeds.as_deref().unwrap_or_default())?;
+    if args.jobs == 0 || !(args.mean_gap_s.is_finite() && args.mean_gap_s >= 0.0) {
+        bail!("--jobs must be at least 1 and --mean-gap-s at least 0");
+    }
+    let config = machine(&args)?;
+    let policies = policies(&args)?;
+    let order: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
+    let mut results = Vec::new();
+    for &seed in &seeds {
+        let jobs = generate(&GenerateConfig {
+            jobs: args.jobs,
+            seed,
+            mean_gap_s: args.mean_gap_s,
+        });
+        let mut reports = BTreeMap::new();
+        for policy in &policies {
+            let (report, _) = simulate_jobs(&jobs, policy.clone(), &config)
+                .with_context(|| format!("simulating seed {seed} under {}", policy.name))?;
+            reports.insert(policy.name.clone(), report);
+        }
+        let lower_bound_s = reports.values().next().map_or(0.0, |r| r.lower_bound_s);
+        results.push(SeedResult {
+            seed,
+            lower_bound_s,
+            policies: reports,
+        });
+    }
+    let n = results.len().max(1) as f64;
+    let means: BTreeMap<String, MeanResult> = order
+        .iter()
+        .map(|name| {
+            let mut m = MeanResult::default();
+            for r in results.iter().filter_map(|s| s.policies.get(name)) {
+                m.makespan_s += r.makespan_s / n;
+                m.makespan_over_bound += r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE) / n;
+                m.mean_jct_s += r.mean_jct_s / n;
+                m.mean_gpu_util += r.mean_gpu_util / n;
+                m.oom_crashes += f64::from(r.oom_crashes) / n;
+                m.failed_jobs += f64::from(r.failed_jobs) / n;
+            }
+            (name.clone(), m)
+        })
+        .collect();
+    let heading = format!(
+        "generated traces of {} jobs (mean gap {} s), seeds {}, on {} GPUs of {}, estimates x{}",
+        args.jobs,
+        args.mean_gap_s,
+        args.generate_seeds.as_deref().unwrap_or_default(),
+        config.gpus,
+        args.gpu_mem,
+        args.estimate_scale
+    );
+    let mut stdout = io::stdout().lock();
+    let printed = if args.json {
+        writeln!(
+            stdout,
+            "{}",
+            serde_json::json!({ "seeds": results, "mean": means })
+        )
+    } else {
+        print_seeds(&mut stdout, &heading, &order, &results, &means)
+    }
+    .and_then(|()| stdout.flush());
+    quiet_on_broken_pipe(printed)
+}
+
+/// Writes the per-seed tables: makespan ÷ lower bound, mean JCT, OOM crashes; then, when
+/// `ladle` and CARMA rules are both there, ladle against the best CARMA rule of each seed.
+fn print_seeds(
+    out: &mut impl Write,
+    heading: &str,
+    order: &[String],
+    results: &[SeedResult],
+    means: &BTreeMap<String, MeanResult>,
+) -> io::Result<()> {
+    writeln!(out, "{heading}")?;
+    type Cell = fn(&SimReport) -> String;
+    type Mean = fn(&MeanResult) -> String;
+    let tables: [(&str, Cell, Mean); 4] = [
+        (
+            "makespan / lower bound",
+            |r| {
+                format!(
+                    "{:.3}",
+                    r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE)
+                )
+            },
+            |m| format!("{:.3}", m.makespan_over_bound),
+        ),
+        (
+            "makespan_s",
+            |r| format!("{:.0}", r.makespan_s),
+            |m| format!("{:.0}", m.makespan_s),
+        ),
+        (
+            "mean_jct_s",
+            |r| format!("{:.0}", r.mean_jct_s),
+            |m| format!("{:.0}", m.mean_jct_s),
+        ),
+        (
+            "oom_crashes (failed jobs)",
+            |r| format!("{} ({})", r.oom_crashes, r.failed_jobs),
+            |m| format!("{:.1} ({:.1})", m.oom_crashes, m.failed_jobs),
+        ),
+    ];
+    for (title, cell, mean) in tables {
+        writeln!(out, "\n{title}")?;
+        write!(out, "{:>6} {:>9}", "seed", "bound_s")?;
+        for name in order {
+            write!(out, " {name:>16}")?;
+        }
+        writeln!(out)?;
+        for s in results {
+            write!(out, "{:>6} {:>9.0}", s.seed, s.lower_bound_s)?;
+            for name in order {
+                let text = s.policies.get(name).map_or_else(|| "-".to_owned(), cell);
+                write!(out, " {text:>16}")?;
+            }
+            writeln!(out)?;
+        }
+        write!(out, "{:>6} {:>9}", "mean", "")?;
+        for name in order {
+            let text = means.get(name).map_or_else(|| "-".to_owned(), mean);
+            write!(out, " {text:>16}")?;
+        }
+        writeln!(out)?;
+    }
+    let carma: Vec<&String> = order.iter().filter(|n| n.starts_with("carma-")).collect();
+    if carma.is_empty() || !order.iter().any(|n| n == "ladle") {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nladle against the best CARMA rule of each seed (by makespan; ratio < 1: ladle is ahead)"
+    )?;
+    writeln!(
+        out,
+        "{:>6} {:>18} {:>14} {:>14} {:>12} {:>12}",
+        "seed", "best carma", "makespan ratio", "mean_jct ratio", "ladle ooms", "carma ooms"
+    )?;
+    let (mut makespan_sum, mut jct_sum) = (0.0, 0.0);
+    for s in results {
+        let Some(ladle) = s.policies.get("ladle") else {
+            continue;
+        };
+        let Some((best, b)) = carma
+            .iter()
+            .filter_map(|n| Some((*n, s.policies.get(*n)?)))
+            .min_by(|a, b| a.1.makespan_s.total_cmp(&b.1.makespan_s))
+        else {
+            continue;
+        };
+        let (m, j) = (
+            ladle.makespan_s / b.makespan_s,
+            ladle.mean_jct_s / b.mean_jct_s,
+        );
+        makespan_sum += m;
+        jct_sum += j;
+        writeln!(
+            out,
+            "{:>6} {:>18} {:>14.3} {:>14.3} {:>12} {:>12}",
+            s.seed, best, m, j, ladle.oom_crashes, b.oom_crashes
+        )?;
+    }
+    let n = results.len().max(1) as f64;
+    writeln!(
+        out,
+        "{:>6} {:>18} {:>14.3} {:>14.3}",
+        "mean",
+        "",
+        makespan_sum / n,
+        jct_sum / n
+    )
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let Some(path) = args.trace.clone() else {
+        bail!(
+            "--trace FILE.csv or --generate-seeds 1-10 is required (or use `ladle sim generate` to write a trace)"
+        );
+    };
+    let jobs = trace::read(&path)?;
+    let config = machine(&args)?;
     let mut reports: BTreeMap<String, SimReport> = BTreeMap::new();
     let mut order = Vec::new();
     let mut per_job = String::from("policy,job_id,submit_s,start_s,finish_s,gpus,oom_crashes\n");
-    for name in names {
-        let mut policy = Policy::named(name)?;
-        if let Some(settle) = args.settle_s {
-            if !(settle.is_finite() && settle >= 0.0) {
-                bail!("--settle-s must be a number ≥ 0");
-            }
-            if !policy.exclusive {
-                policy.settle_s = settle;
-            }
-        }
+    for policy in policies(&args)? {
+        let name = policy.name.clone();
         let (report, outcomes) = simulate_jobs(&jobs, policy, &config)
             .with_context(|| format!("simulating {}", path.display()))?;
         let time = |t: Option<f64>| t.map_or(String::new(), |t| format!("{t:.1}"));
@@ -148,8 +402,8 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 o.oom_crashes
             ));
         }
-        order.push(name.to_owned());
-        reports.insert(name.to_owned(), report);
+        order.push(name.clone());
+        reports.insert(name, report);
     }
     if let Some(out) = &args.per_job {
         std::fs::write(out, per_job).with_context(|| format!("writing {}", out.display()))?;
@@ -183,8 +437,16 @@ fn print_report(
     let baseline = reports.get("exclusive").map(|r| r.makespan_s);
     writeln!(
         out,
-        "{:<18} {:>11} {:>9} {:>11} {:>9} {:>5} {:>10} {:>6}",
-        "policy", "makespan_s", "vs excl", "mean_jct_s", "gpu_util", "ooms", "energy_kwh", "failed"
+        "{:<18} {:>11} {:>9} {:>9} {:>11} {:>9} {:>5} {:>10} {:>6}",
+        "policy",
+        "makespan_s",
+        "vs excl",
+        "/ bound",
+        "mean_jct_s",
+        "gpu_util",
+        "ooms",
+        "energy_kwh",
+        "failed"
     )?;
     for (name, r) in order.iter().filter_map(|n| Some((n, reports.get(n)?))) {
         let versus = baseline.map_or("-".to_owned(), |b| {
@@ -192,10 +454,11 @@ fn print_report(
         });
         writeln!(
             out,
-            "{:<18} {:>11.0} {:>9} {:>11.0} {:>9.3} {:>5} {:>10.2} {:>6}",
+            "{:<18} {:>11.0} {:>9} {:>9.3} {:>11.0} {:>9.3} {:>5} {:>10.2} {:>6}",
             name,
             r.makespan_s,
             versus,
+            r.makespan_s / r.lower_bound_s.max(f64::MIN_POSITIVE),
             r.mean_jct_s,
             r.mean_gpu_util,
             r.oom_crashes,
@@ -253,6 +516,54 @@ mod tests {
         let full = Err(io::Error::from(io::ErrorKind::StorageFull));
         let e = quiet_on_broken_pipe(full).unwrap_err();
         assert!(e.to_string().contains("stdout"), "{e}");
+    }
+
+    #[test]
+    fn seeds_are_ranges_lists_or_single_numbers() {
+        assert_eq!(parse_seeds("1-3").unwrap(), vec![1, 2, 3]);
+        assert_eq!(parse_seeds("7").unwrap(), vec![7]);
+        assert_eq!(parse_seeds("1,4, 5-6").unwrap(), vec![1, 4, 5, 6]);
+        for bad in ["", "3-1", "a", "1-100000"] {
+            assert!(parse_seeds(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_seed_tables_give_every_seed_and_the_mean_against_the_lower_bound() {
+        let trace = generate(&GenerateConfig {
+            jobs: 6,
+            seed: 1,
+            mean_gap_s: 10.0,
+        });
+        let names = ["carma-most-free", "ladle"];
+        let mut policies = BTreeMap::new();
+        for name in names {
+            let policy = Policy::named(name).unwrap();
+            let (report, _) = simulate_jobs(&trace, policy, &SimConfig::default()).unwrap();
+            policies.insert(name.to_owned(), report);
+        }
+        let results = vec![SeedResult {
+            seed: 1,
+            lower_bound_s: policies["ladle"].lower_bound_s,
+            policies,
+        }];
+        let order: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let means = order
+            .iter()
+            .map(|n| (n.clone(), MeanResult::default()))
+            .collect();
+        let mut out = Vec::new();
+        print_seeds(&mut out, "heading", &order, &results, &means).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for needle in [
+            "makespan / lower bound",
+            "mean_jct_s",
+            "oom_crashes (failed jobs)",
+            "best CARMA rule",
+            "0 (0)",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in {text}");
+        }
     }
 
     #[test]

@@ -13,8 +13,17 @@
 //! user names with `--family`: the runs of one sweep (`train.py --lr {0.1,0.01}`) share one,
 //! so the first run measured packs the rest. Estimates are learned per family
 //! ([`Families`]), not per exact command line.
+//!
+//! Declared estimates are trusted, and checked: every measured job that declared shows how
+//! its peak compares with what it declared, and [`Families::declared_factor`] (the largest
+//! `peak ÷ declared` of the last [`DECLARED_HISTORY`] such jobs, between 1 and
+//! [`MAX_DECLARED_FACTOR`]) scales what the next jobs declare, for admission's memory screen
+//! and reservations. Users who declare honestly see a factor of 1; users who declare half of
+//! what they use see 2 after their first measured job, and their later jobs are packed where
+//! they really fit instead of crashing out of memory. No memory limit is derived from the
+//! factor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -85,10 +94,18 @@ pub fn family_key(command: &[String]) -> String {
     out.join(" ")
 }
 
-/// Peaks learned per family.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How many recent `peak ÷ declared` ratios [`Families::declared_factor`] looks at.
+pub const DECLARED_HISTORY: usize = 20;
+
+/// The largest factor declared estimates are scaled by.
+pub const MAX_DECLARED_FACTOR: f64 = 4.0;
+
+/// Peaks learned per family, and how declared estimates compare with measured peaks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Families {
     peaks: BTreeMap<String, u64>,
+    #[serde(default)]
+    declared_ratios: VecDeque<f64>,
 }
 
 impl Families {
@@ -104,17 +121,52 @@ impl Families {
         *peak = (*peak).max(peak_mib);
     }
 
+    /// Records that a job that declared `declared_mib` per GPU peaked at `peak_mib` once
+    /// measured (or when it ran out of memory).
+    pub fn observe_declared(&mut self, declared_mib: u64, peak_mib: u64) {
+        if declared_mib == 0 {
+            return;
+        }
+        let ratio = peak_mib as f64 / declared_mib as f64;
+        if self.declared_ratios.len() == DECLARED_HISTORY {
+            self.declared_ratios.pop_front();
+        }
+        self.declared_ratios.push_back(ratio);
+    }
+
+    /// What declared estimates are scaled by: the largest `peak ÷ declared` of the last
+    /// [`DECLARED_HISTORY`] measured jobs that declared, at least 1, at most
+    /// [`MAX_DECLARED_FACTOR`] (1 before any is measured).
+    pub fn declared_factor(&self) -> f64 {
+        self.declared_ratios
+            .iter()
+            .copied()
+            .fold(1.0, f64::max)
+            .min(MAX_DECLARED_FACTOR)
+    }
+
+    /// A declared estimate scaled by [`Families::declared_factor`], MiB.
+    pub fn checked_declared(&self, declared_mib: u64) -> u64 {
+        let factor = self.declared_factor();
+        if factor <= 1.0 {
+            return declared_mib;
+        }
+        // Saturating float-to-int cast: a huge declaration stays huge.
+        (declared_mib as f64 * factor).ceil() as u64
+    }
+
     /// The largest peak seen for `family`, MiB.
     pub fn peak(&self, family: &str) -> Option<u64> {
         self.peaks.get(family).copied()
     }
 
-    /// The estimate of a job of `family`: what it declares, else the family's measured
-    /// peak (×1.1), else `guess_mib` as a [`Basis::Guess`].
+    /// The estimate of a job of `family`: what it declares (scaled by
+    /// [`Families::declared_factor`]), else the family's measured peak (×1.1), else
+    /// `guess_mib` as a [`Basis::Guess`].
     pub fn estimate(&self, family: &str, declared_mib: Option<u64>, guess_mib: u64) -> Estimate {
         match (declared_mib, self.peak(family)) {
             (Some(mib), _) => Estimate {
-                mib,
+                mib: self.checked_declared(mib),
                 basis: Basis::Declared,
             },
             (None, Some(peak)) => Estimate {
@@ -174,5 +226,22 @@ mod tests {
         assert!(e.basis.may_cap());
         assert_eq!(f.estimate("x", Some(2048), 4096).basis, Basis::Declared);
         assert_eq!(f.estimate("y", None, 4096).mib, 4096);
+    }
+
+    #[test]
+    fn declarations_are_scaled_by_how_far_measured_jobs_overshot_theirs() {
+        let mut f = Families::new();
+        assert_eq!(f.estimate("x", Some(1000), 4096).mib, 1000);
+        f.observe_declared(1000, 900); // honest: never scaled down
+        assert_eq!(f.declared_factor(), 1.0);
+        f.observe_declared(1000, 2000);
+        assert_eq!(f.estimate("x", Some(1000), 4096).mib, 2000);
+        f.observe_declared(1, 1000);
+        assert_eq!(f.declared_factor(), MAX_DECLARED_FACTOR);
+        // The history is bounded: honest jobs bring the factor back to 1.
+        for _ in 0..DECLARED_HISTORY {
+            f.observe_declared(1000, 1000);
+        }
+        assert_eq!(f.declared_factor(), 1.0);
     }
 }

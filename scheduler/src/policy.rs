@@ -16,32 +16,73 @@
 //!   scores (unknown occupancy or bandwidth, on GPUs without GPM, counts as high).
 //!   Candidates are ordered most-free-memory, least-utilised, first-fit or best-fit. After
 //!   each dispatch the GPU settles for [`Policy::settle_s`] seconds, so the next decision sees
-//!   the new job's memory and load.
+//!   the new job's memory and load. An out-of-memory retry ([`Pending::exclusive`]) waits
+//!   for idle GPUs and holds them for its whole run.
 //! - **ladle** (`ladle`): CARMA's rules with the least-utilised ordering (memory is already
 //!   screened with reservations, so the scarce thing left to balance is SM time), plus
-//!   - *reservations*: free memory is `min(observed, total − Σ estimates of admitted jobs)`,
-//!     so a job that has not allocated yet still counts;
-//!   - *per-job MPS memory limits*: each collocated job gets
-//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` of `max(estimate + margin, 1.5 × estimate)`
-//!     ([`Policy::limit_mib`]), so a runaway job crashes itself, not its neighbours (a job
-//!     placed exclusively gets no limit);
-//!   - *learned estimates*: a command's next estimate comes from its observed peak;
+//!   - *measure, then pack* ([`Policy::measure_then_pack`]): a job on a [`Basis::Guess`]
+//!     (it declared nothing and its family has not been measured) runs alone on idle GPUs
+//!     until it is measured, and is never given a memory limit; so does an out-of-memory
+//!     retry, which asks for its observed peak (×1.1, [`crate::job::learned_estimate`]) as
+//!     [`Basis::Measured`]. Once measured, others may join it ([`Placement::until_measured`],
+//!     [`GpuState::unmeasured_jobs`]). Declared jobs are trusted and packed at once;
+//!   - *reservations*: free memory is `min(observed, total − other users' memory − Σ
+//!     reservations of admitted jobs)`, so a job that has not allocated yet still counts;
+//!   - *a 1 GiB margin* instead of CARMA's 2 GiB: estimates are declared and checked against
+//!     measured peaks ([`crate::estimate::Families::declared_factor`]), or measured (+10%);
+//!   - *per-job MPS memory limits that protect the neighbours*: a job whose estimate may cap
+//!     ([`Basis::may_cap`]) and that is not placed alone gets
+//!     `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` of the room its GPUs had for it: `free − reserve`
+//!     by the formula above (at least its estimate). A job that under-declares dies at its
+//!     limit only where it would really have overflowed the GPU or eaten a neighbour's
+//!     reservation, never for overshooting a factor of its own estimate;
 //!   - *backfill*: when the head cannot start, later jobs may, but never on the GPUs the head
-//!     is waiting for (the ones with the most free memory, or for a job that needs exclusive
-//!     GPUs the least loaded), and at most [`Policy::max_bypass`] times per head, so the
-//!     head cannot starve;
+//!     is waiting for (chosen when it is first blocked and kept until it starts: the ones
+//!     with the most free memory, or for a job that must run alone the idle or least loaded
+//!     ones), at most [`Policy::max_bypass`] times per head and for at most
+//!     [`Policy::max_bypass_s`] seconds, so the head cannot starve;
 //!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
 //!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
 //!     the ordering.
 //!
-//! A job that crashed out of memory comes back flagged [`Pending::exclusive`]: it waits
-//! for idle GPUs under every policy.
+//! For every policy: **the idle-GPU path screens memory too** (an idle GPU takes a job only
+//! if the estimate, at most the GPU less the reserve, fits what telemetry shows free); a GPU
+//! with another user's process is not idle ([`GpuState::foreign_processes`]), and a GPU whose
+//! telemetry windows are not yet full takes no collocated job ([`GpuState::window_full`]).
+//!
+//! ## Measured
+//! A running job is **measured** once it has run [`Policy::measure_s`] seconds (default 30,
+//! one telemetry window at 1 Hz) with its GPUs' windows full: its peak memory so far (the
+//! largest per-process memory telemetry showed for it on any of its GPUs) is then its
+//! measured footprint. From then on the caller
+//! - stops counting it in [`GpuState::unmeasured_jobs`] (if it was placed
+//!   [`Placement::until_measured`]), so others may join it;
+//! - reserves for it the larger of its estimate and `learned_estimate(peak)` in
+//!   [`GpuState::reserved_mib`];
+//! - records the peak for its family ([`crate::estimate::Families::observe`]) and, if it
+//!   declared, against its declaration ([`crate::estimate::Families::observe_declared`]),
+//!   so queued members of the family become [`Basis::Measured`] and pack by it.
+//!
+//! A job that is running but not yet measured and was placed `until_measured` shows as
+//! `unmeasured_jobs > 0` on each of its GPUs: those GPUs take no job until it is measured.
+//!
+//! ## What the caller fills
+//! [`GpuState::observed`] fills `total_mib`, `used_mib`, `risk` and `unusable`;
+//! `window_full` is [`windows_full`] of the GPU's windows (false for 30 s after the
+//! scheduler starts or restarts); [`GpuState::count_foreign`] fills `foreign_processes` and
+//! `foreign_mib`
+//! from the latest sample's processes that are not the scheduler's (its jobs' processes and
+//! the MPS server). For each running job, on each of its GPUs: `jobs += 1`,
+//! `reserved_mib += reservation` (above), `exclusive_job |= placement.exclusive`,
+//! `unmeasured_jobs += 1` while placed `until_measured` and not measured, its feed in
+//! `feeds`; `locked_until` from the previous round. For each queued job: `estimate_mib` and
+//! `basis` from [`crate::estimate::Families::estimate`], `exclusive` for a retry.
 //!
 //! Memory arithmetic saturates: an estimate of any size (up to `u64::MAX`) fails the memory
 //! screen of every busy GPU and fills a GPU's reservations, and never wraps around into a
 //! small number. (The daemon's socket refuses sizes above [`crate::units::MAX_MIB`] before
-//! they get here; the engine does not rely on that.) The idle-GPU rule screens no memory:
-//! a job alone on its GPUs may use all of them, whatever it estimated.
+//! they get here; the engine does not rely on that.) An estimate beyond a GPU's size still
+//! fits that GPU when it is idle and all free: a job alone on its GPUs may use all of them.
 
 use std::collections::BTreeSet;
 
@@ -49,6 +90,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::estimate::Basis;
 use crate::telemetry::{GpuInfo, GpuWindows, Risk};
+use crate::window::WINDOW;
 
 /// Most MPS clients one GPU takes (the limit of MPS on Volta and newer).
 pub const MAX_MPS_CLIENTS: u32 = 48;
@@ -109,7 +151,7 @@ pub struct Policy {
     pub ordering: GpuOrdering,
     /// Memory kept free on every GPU, MiB (CARMA: 512).
     pub reserve_mib: u64,
-    /// Safety margin added to a job's estimate, MiB (CARMA: 2048).
+    /// Safety margin added to a job's estimate, MiB (CARMA: 2048; `ladle`: 1024).
     pub margin_mib: u64,
     /// The compute screen, if any.
     pub compute: Option<ComputeScreen>,
@@ -123,12 +165,49 @@ pub struct Policy {
     pub max_bypass: u32,
     /// Count admitted jobs' estimates against free memory.
     pub reservations: bool,
-    /// Give each job an MPS pinned-memory limit equal to its estimate.
+    /// Give each job whose estimate may cap ([`Basis::may_cap`]) an MPS pinned-memory
+    /// limit: the room its GPUs had for it (see the module docs).
     pub mps_limits: bool,
-    /// Use a command's observed peak as its next estimate.
+    /// Use a family's observed peak as its members' next estimate.
     pub learned_estimates: bool,
     /// Keep consumers of one feed on the same GPUs.
     pub feed_affinity: bool,
+    /// Measure, then pack: a job on a [`Basis::Guess`] and an out-of-memory retry run alone
+    /// until measured (then others may join them), instead of a retry holding its GPUs for
+    /// its whole run. Default `true` (`ladle`); CARMA's rules and `exclusive` have `false`.
+    #[serde(default = "yes")]
+    pub measure_then_pack: bool,
+    /// Seconds a job must have run, with its GPUs' telemetry windows full, before its peak
+    /// counts as measured (default 30: one telemetry window at 1 Hz).
+    #[serde(default = "measure_s")]
+    pub measure_s: f64,
+    /// Backfill past a blocked head only for this many seconds after it was first
+    /// blocked (default `f64::INFINITY`: bounded by [`Policy::max_bypass`] only).
+    #[serde(default = "infinity")]
+    pub max_bypass_s: f64,
+    /// Keep the GPUs a blocked head waits for until it starts (`ladle`; CARMA has no
+    /// backfill). Chosen afresh in every round they move, and backfill fills them all.
+    #[serde(default = "yes")]
+    pub sticky_hold: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn measure_s() -> f64 {
+    Policy::MEASURE_S
+}
+
+fn infinity() -> f64 {
+    f64::INFINITY
+}
+
+/// The `ladle` policy.
+impl Default for Policy {
+    fn default() -> Self {
+        Self::ladle()
+    }
 }
 
 /// A policy name that does not exist.
@@ -156,6 +235,9 @@ impl Policy {
 
     /// Default settle lock after a dispatch, seconds.
     pub const SETTLE_S: f64 = 20.0;
+
+    /// Default time to measure a job, seconds: one 30-sample telemetry window at 1 Hz.
+    pub const MEASURE_S: f64 = 30.0;
 
     /// The policy called `name` (one of [`Policy::NAMES`]).
     ///
@@ -201,17 +283,11 @@ impl Policy {
             mps_limits: false,
             learned_estimates: false,
             feed_affinity: false,
+            measure_then_pack: false,
+            measure_s: Self::MEASURE_S,
+            max_bypass_s: f64::INFINITY,
+            sticky_hold: false,
         }
-    }
-
-    /// The MPS pinned-memory limit of a collocated job with this estimate, MiB:
-    /// `max(estimate + margin, 1.5 × estimate)`. It is a guard against a runaway job, not a
-    /// second estimate: a job may overshoot by the margin the memory screen kept free (or
-    /// by half, the factor of an out-of-memory retry) before its limit stops it, and only it.
-    pub fn limit_mib(&self, estimate_mib: u64) -> u64 {
-        estimate_mib
-            .saturating_add(self.margin_mib)
-            .max(estimate_mib.saturating_mul(3).div_ceil(2))
     }
 
     /// The baseline `exclusive`: FIFO, one job per GPU.
@@ -226,8 +302,9 @@ impl Policy {
         }
     }
 
-    /// `ladle`: CARMA least-utilised plus backfill, reservations, per-job MPS limits,
-    /// learned estimates and feed affinity.
+    /// `ladle`: CARMA least-utilised plus measure-then-pack, backfill with held GPUs,
+    /// reservations, a 1 GiB margin, per-job MPS limits from the room left, learned
+    /// estimates and feed affinity (see the module docs).
     pub fn ladle() -> Self {
         Self {
             name: "ladle".to_owned(),
@@ -237,37 +314,83 @@ impl Policy {
             mps_limits: true,
             learned_estimates: true,
             feed_affinity: true,
+            measure_then_pack: true,
+            sticky_hold: true,
+            margin_mib: 1024,
             ..Self::carma(GpuOrdering::LeastUtilized)
         }
     }
 }
 
-/// One GPU as admission sees it.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// One GPU as admission sees it. The caller fills it from telemetry
+/// ([`GpuState::observed`], [`GpuState::count_foreign`]) and from its own running jobs
+/// (`jobs`, `reserved_mib`, `exclusive_job`, `unmeasured_jobs`, `feeds`, `locked_until`).
+/// Every field has a default a GPU with nothing known would have: no memory, no jobs, a
+/// full window, no lock.
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuState {
     /// Total memory, MiB.
     pub total_mib: u64,
-    /// Memory in use by telemetry's latest sample, MiB.
+    /// Memory in use by telemetry's latest sample, MiB: everyone's, the scheduler's jobs and
+    /// other users' processes alike.
     pub used_mib: u64,
-    /// Σ estimates of the scheduler's jobs on this GPU, MiB.
+    /// Σ reservations of the scheduler's jobs on this GPU, MiB. A job's reservation is its
+    /// estimate; once the job is measured, the larger of its estimate and
+    /// [`crate::job::learned_estimate`] of its peak so far.
     pub reserved_mib: u64,
     /// The scheduler's jobs on this GPU.
     pub jobs: u32,
-    /// Whether one of them holds the GPU exclusively.
+    /// Whether one of them holds the GPU for its whole run ([`Placement::exclusive`]).
     pub exclusive_job: bool,
+    /// The scheduler's jobs on this GPU placed alone until measured
+    /// ([`Placement::until_measured`]) that are not measured yet (see the module docs'
+    /// "Measured"). While it is above 0 the GPU takes no other job.
+    pub unmeasured_jobs: u32,
+    /// Memory held on this GPU by processes that are not the scheduler's jobs (other users,
+    /// other tools), MiB, from the latest sample's process list.
+    pub foreign_mib: u64,
+    /// Such processes. A GPU with one is never idle: a job goes there only through the
+    /// screens, as if it collocated.
+    pub foreign_processes: u32,
+    /// Whether the telemetry windows are full ([`WINDOW`] samples). Just after the
+    /// scheduler starts or restarts they are not, the risk scores mean little, and the GPU
+    /// takes no collocated job (an idle GPU may still take one, memory screened).
+    pub window_full: bool,
     /// Risk scores of the telemetry windows.
     pub risk: Risk,
     /// Settling until this time (seconds on the caller's clock).
     pub locked_until: f64,
     /// Feeds of the jobs on this GPU.
     pub feeds: Vec<String>,
-    /// False for a GPU that must not take jobs (see `GpuInfo::unsuitable`).
+    /// True for a GPU that must not take jobs (see `GpuInfo::unsuitable`).
     pub unusable: bool,
+}
+
+impl Default for GpuState {
+    fn default() -> Self {
+        Self {
+            total_mib: 0,
+            used_mib: 0,
+            reserved_mib: 0,
+            jobs: 0,
+            exclusive_job: false,
+            unmeasured_jobs: 0,
+            foreign_mib: 0,
+            foreign_processes: 0,
+            window_full: true,
+            risk: Risk::default(),
+            locked_until: 0.0,
+            feeds: Vec::new(),
+            unusable: false,
+        }
+    }
 }
 
 impl GpuState {
     /// A GPU as its telemetry windows show it, before the scheduler's own jobs are counted
-    /// (`jobs`, `reserved_mib`, `exclusive_job`, `feeds`) and with no settle lock.
+    /// (`jobs`, `reserved_mib`, `exclusive_job`, `unmeasured_jobs`, `feeds`), other users'
+    /// processes are told apart ([`GpuState::count_foreign`]) and `window_full` is set
+    /// ([`windows_full`]; left `true` here), with no settle lock.
     pub fn observed(info: &GpuInfo, windows: &GpuWindows) -> Self {
         Self {
             total_mib: info.memory_total_mib,
@@ -278,6 +401,23 @@ impl GpuState {
             ..Self::default()
         }
     }
+
+    /// Counts the processes of the latest sample that are not the scheduler's (`ours(pid)`
+    /// false: not a job's process, not the MPS server) as foreign: `foreign_processes` and
+    /// `foreign_mib`.
+    pub fn count_foreign(&mut self, windows: &GpuWindows, ours: impl Fn(u32) -> bool) {
+        let processes = windows.last.as_ref().map_or(&[][..], |s| &s.processes[..]);
+        for p in processes.iter().filter(|p| !ours(p.pid)) {
+            self.foreign_processes = self.foreign_processes.saturating_add(1);
+            self.foreign_mib = self.foreign_mib.saturating_add(p.used_mib);
+        }
+    }
+}
+
+/// Whether a GPU's telemetry windows are full ([`WINDOW`] samples): the value of
+/// [`GpuState::window_full`].
+pub fn windows_full(windows: &GpuWindows) -> bool {
+    windows.sm_activity.len() >= WINDOW
 }
 
 /// A queued job as admission sees it.
@@ -288,13 +428,18 @@ pub struct Pending {
     /// Device memory it will need per GPU, MiB.
     pub estimate_mib: u64,
     /// Where `estimate_mib` comes from: no memory limit is derived from a
-    /// [`Basis::Guess`].
+    /// [`Basis::Guess`], and under [`Policy::measure_then_pack`] a guess runs alone until
+    /// measured. The default is a guess.
     pub basis: Basis,
-    /// Its family ([`crate::estimate::family_key`] or `--family`).
+    /// Its family ([`crate::estimate::family_key`] or `--family`); empty: none. Admission
+    /// does not read it: the caller turns a family's measured peak into `estimate_mib`
+    /// with [`Basis::Measured`] ([`crate::estimate::Families::estimate`]).
     pub family: String,
     /// GPUs it needs.
     pub gpus: u32,
-    /// It must run alone (an out-of-memory retry).
+    /// It must start on idle GPUs (an out-of-memory retry). Under
+    /// [`Policy::measure_then_pack`] nobody joins it until it is measured; otherwise for
+    /// its whole run.
     pub exclusive: bool,
     /// The producer feed it consumes, if any.
     pub feed: Option<String>,
@@ -307,18 +452,35 @@ pub struct Placement {
     pub job: u64,
     /// GPU indices.
     pub gpus: Vec<usize>,
-    /// Nobody may join it on these GPUs.
+    /// Nobody may join it on these GPUs for as long as it runs (the caller sets
+    /// [`GpuState::exclusive_job`] until it ends).
     pub exclusive: bool,
-    /// MPS pinned-memory limit per GPU, MiB, when the policy sets one.
+    /// Nobody may join it on these GPUs until it is measured (the caller counts it in
+    /// [`GpuState::unmeasured_jobs`] until then).
+    pub until_measured: bool,
+    /// MPS pinned-memory limit per GPU, MiB, when the policy sets one (never from a
+    /// [`Basis::Guess`], never for a job placed alone).
     pub mem_limit_mib: Option<u64>,
 }
 
+/// The head of the queue while it is blocked: how often backfill passed it, and since when
+/// it waits.
+#[derive(Debug, Clone, PartialEq)]
+struct Head {
+    id: u64,
+    passed: u32,
+    since: f64,
+    /// The GPUs it waits for, chosen when it was first blocked and kept until it starts:
+    /// chosen afresh each round, they would move, and backfill would fill them all.
+    held: BTreeSet<usize>,
+}
+
 /// The admission engine: a policy and the little state it keeps between rounds (how often
-/// the current head has been passed by backfill).
+/// and since when the current head has been passed by backfill).
 #[derive(Debug, Clone)]
 pub struct Admission {
     policy: Policy,
-    head: Option<(u64, u32)>,
+    head: Option<Head>,
 }
 
 impl Admission {
@@ -333,34 +495,45 @@ impl Admission {
     }
 
     /// Decides which jobs of `queue` (head first) start now, and updates `gpus` as if they
-    /// had started (jobs, reservations, settle locks, feeds).
+    /// had started (jobs, reservations, settle locks, feeds, exclusivity).
     pub fn admit(&mut self, now: f64, queue: &[Pending], gpus: &mut [GpuState]) -> Vec<Placement> {
         let mut placed = Vec::new();
-        let mut blocked: Option<(u64, BTreeSet<usize>)> = None;
+        let mut blocked: Option<BTreeSet<usize>> = None;
         for job in queue {
-            if let Some((head, _)) = &blocked {
-                let passed = match self.head {
-                    Some((id, n)) if id == *head => n,
-                    _ => 0,
-                };
-                if !self.policy.backfill || passed >= self.policy.max_bypass {
+            if blocked.is_some() {
+                let Some(head) = &self.head else { break };
+                if !self.policy.backfill
+                    || head.passed >= self.policy.max_bypass
+                    || now - head.since >= self.policy.max_bypass_s
+                {
                     break;
                 }
             }
-            let avoid = blocked.as_ref().map(|(_, set)| set);
+            let avoid = blocked.as_ref();
             match self.place(now, job, gpus, avoid) {
                 Some(placement) => {
                     self.apply(now, job, &placement, gpus);
-                    if let Some((head, _)) = &blocked {
-                        self.head = match self.head {
-                            Some((id, n)) if id == *head => Some((id, n + 1)),
-                            _ => Some((*head, 1)),
-                        };
+                    if blocked.is_some()
+                        && let Some(head) = &mut self.head
+                    {
+                        head.passed += 1;
                     }
                     placed.push(placement);
                 }
                 None if blocked.is_none() => {
-                    blocked = Some((job.id, self.held_for(job, gpus)));
+                    let held = match &self.head {
+                        Some(h) if h.id == job.id && self.policy.sticky_hold => h.held.clone(),
+                        _ => self.held_for(job, gpus),
+                    };
+                    if self.head.as_ref().is_none_or(|h| h.id != job.id) {
+                        self.head = Some(Head {
+                            id: job.id,
+                            passed: 0,
+                            since: now,
+                            held: held.clone(),
+                        });
+                    }
+                    blocked = Some(held);
                 }
                 None => {}
             }
@@ -371,25 +544,42 @@ impl Admission {
         placed
     }
 
-    /// Free memory admission believes GPU `g` has, MiB.
+    /// Free memory admission believes GPU `g` has, MiB: what telemetry shows free, and with
+    /// reservations at most what other users and the scheduler's reservations leave.
     fn free_mib(&self, g: &GpuState) -> u64 {
         let observed = g.total_mib.saturating_sub(g.used_mib);
         if self.policy.reservations {
-            observed.min(g.total_mib.saturating_sub(g.reserved_mib))
+            observed.min(
+                g.total_mib
+                    .saturating_sub(g.foreign_mib)
+                    .saturating_sub(g.reserved_mib),
+            )
         } else {
             observed
         }
     }
 
-    fn needs_exclusive(&self, job: &Pending) -> bool {
-        self.policy.exclusive || job.exclusive
+    /// Whether GPU `g` is idle: no job of the scheduler and no process of anyone else.
+    fn idle(g: &GpuState) -> bool {
+        g.jobs == 0 && g.foreign_processes == 0
+    }
+
+    /// Whether `job` must run alone (on idle GPUs): always under `exclusive`, for an
+    /// out-of-memory retry, and under measure-then-pack for a job on a guess.
+    fn runs_alone(&self, job: &Pending) -> bool {
+        self.policy.exclusive
+            || job.exclusive
+            || (self.policy.measure_then_pack && job.basis == Basis::Guess)
     }
 
     /// The GPUs a blocked head is waiting for, which backfill must leave alone.
     fn held_for(&self, job: &Pending, gpus: &[GpuState]) -> BTreeSet<usize> {
         let mut order: Vec<usize> = (0..gpus.len()).filter(|&i| !gpus[i].unusable).collect();
-        if self.needs_exclusive(job) {
-            order.sort_by_key(|&i| (gpus[i].jobs, std::cmp::Reverse(self.free_mib(&gpus[i]))));
+        if self.runs_alone(job) {
+            order.sort_by_key(|&i| {
+                let g = &gpus[i];
+                (!Self::idle(g), g.jobs, std::cmp::Reverse(self.free_mib(g)))
+            });
         } else {
             order.sort_by_key(|&i| std::cmp::Reverse(self.free_mib(&gpus[i])));
         }
@@ -408,21 +598,25 @@ impl Admission {
             let g = &gpus[i];
             !g.unusable
                 && !g.exclusive_job
+                && g.unmeasured_jobs == 0
                 && g.jobs < self.policy.max_clients
                 && avoid.is_none_or(|a| !a.contains(&i))
         };
+        // The idle-GPU path screens memory too: a job goes to an idle GPU only if its
+        // estimate (at most all of the GPU but the reserve) fits what the GPU shows free.
         let mut idle: Vec<usize> = (0..gpus.len())
-            .filter(|&i| open(i) && gpus[i].jobs == 0)
+            .filter(|&i| open(i) && Self::idle(&gpus[i]) && self.fits_idle(job, &gpus[i]))
             .collect();
         self.rank(job, gpus, &mut idle);
-        let exclusive = self.needs_exclusive(job);
+        let alone = self.runs_alone(job);
         let mut chosen: Vec<usize> = Vec::new();
         // Feed affinity comes before the idle-GPU rule: a consumer joins its feed's GPUs
         // when they pass the screens, even if another GPU is idle.
-        if let (true, false, Some(feed)) = (self.policy.feed_affinity, exclusive, &job.feed) {
+        if let (true, false, Some(feed)) = (self.policy.feed_affinity, alone, &job.feed) {
             let mut mates: Vec<usize> = (0..gpus.len())
                 .filter(|&i| {
                     open(i)
+                        && !Self::idle(&gpus[i])
                         && gpus[i].feeds.iter().any(|f| f == feed)
                         && self.screens_pass(now, job, &gpus[i])
                 })
@@ -437,9 +631,11 @@ impl Admission {
                 .take(missing)
                 .collect::<Vec<_>>(),
         );
-        if chosen.len() < want && !exclusive {
+        if chosen.len() < want && !alone {
             let mut shared: Vec<usize> = (0..gpus.len())
-                .filter(|&i| open(i) && gpus[i].jobs > 0 && self.screens_pass(now, job, &gpus[i]))
+                .filter(|&i| {
+                    open(i) && !Self::idle(&gpus[i]) && self.screens_pass(now, job, &gpus[i])
+                })
                 .collect();
             self.rank(job, gpus, &mut shared);
             shared.retain(|i| !chosen.contains(i));
@@ -449,19 +645,47 @@ impl Admission {
             return None;
         }
         chosen.sort_unstable();
+        let exclusive = self.policy.exclusive || (job.exclusive && !self.policy.measure_then_pack);
+        // A job alone on its GPUs may use all of them: that is how a guess or an
+        // out-of-memory retry shows its true peak. Nothing is capped from a guess.
+        let capped = self.policy.mps_limits && !alone && job.basis.may_cap();
+        let mem_limit_mib = capped.then(|| {
+            chosen
+                .iter()
+                .map(|&i| self.room_mib(job, &gpus[i]))
+                .min()
+                .unwrap_or(job.estimate_mib)
+        });
         Some(Placement {
             job: job.id,
             gpus: chosen,
             exclusive,
-            // A job alone on its GPUs may use all of them: that is how an out-of-memory
-            // retry shows its true peak.
-            mem_limit_mib: (self.policy.mps_limits && !exclusive)
-                .then(|| self.policy.limit_mib(job.estimate_mib)),
+            until_measured: alone && !exclusive,
+            mem_limit_mib,
         })
     }
 
+    /// The MPS limit of `job` on GPU `g`, MiB: the room the GPU has for it without touching
+    /// what telemetry shows used, other users' memory or the other jobs' reservations,
+    /// less the reserve (at least the estimate, at most the GPU).
+    fn room_mib(&self, job: &Pending, g: &GpuState) -> u64 {
+        self.free_mib(g)
+            .saturating_sub(self.policy.reserve_mib)
+            .max(job.estimate_mib)
+            .min(g.total_mib)
+    }
+
+    /// The idle-GPU memory screen: the estimate, at most the GPU less the reserve, fits
+    /// what the GPU shows free.
+    fn fits_idle(&self, job: &Pending, g: &GpuState) -> bool {
+        let needed = job
+            .estimate_mib
+            .min(g.total_mib.saturating_sub(self.policy.reserve_mib));
+        self.free_mib(g) >= needed
+    }
+
     fn screens_pass(&self, now: f64, job: &Pending, g: &GpuState) -> bool {
-        if now < g.locked_until {
+        if now < g.locked_until || !g.window_full {
             return false;
         }
         // Saturating: an estimate near u64::MAX must fail the screen, not wrap past it.
@@ -505,6 +729,7 @@ impl Admission {
             g.jobs += 1;
             g.reserved_mib = g.reserved_mib.saturating_add(job.estimate_mib);
             g.exclusive_job |= placement.exclusive;
+            g.unmeasured_jobs += u32::from(placement.until_measured);
             g.locked_until = g.locked_until.max(now + self.policy.settle_s);
             if let Some(feed) = &job.feed {
                 g.feeds.push(feed.clone());
@@ -529,10 +754,12 @@ mod tests {
         ]
     }
 
+    /// A one-GPU job that declares `gib`.
     fn job(id: u64, gib: u64) -> Pending {
         Pending {
             id,
             estimate_mib: gib * GIB,
+            basis: Basis::Declared,
             gpus: 1,
             ..Pending::default()
         }
@@ -730,17 +957,169 @@ mod tests {
     }
 
     #[test]
-    fn ladle_gives_each_job_an_mps_limit_with_headroom_over_its_estimate() {
+    fn ladle_caps_a_declared_job_at_the_room_its_gpu_had_for_it() {
+        // Alone on a GPU: all of it but the reserve.
         let placed = admit("ladle", &[job(1, 6)], &mut gpus(1));
-        assert_eq!(placed[0].mem_limit_mib, Some(9 * GIB), "1.5 × 6 GiB");
-        let placed = admit("ladle", &[job(2, 2)], &mut gpus(1));
-        assert_eq!(
-            placed[0].mem_limit_mib,
-            Some(4 * GIB),
-            "2 GiB + the 2 GiB margin"
-        );
+        assert_eq!(placed[0].mem_limit_mib, Some(40 * GIB - 512));
+        // Beside a job using 10 GiB that reserved 12: what neither the use nor the
+        // reservation of the neighbour takes, less the reserve.
+        let mut g = gpus(1);
+        busy(&mut g[0], 10, 0.2);
+        g[0].reserved_mib = 12 * GIB;
+        let placed = admit("ladle", &[job(2, 6)], &mut g);
+        assert_eq!(placed[0].mem_limit_mib, Some(28 * GIB - 512));
         let placed = admit("carma-most-free", &[job(1, 6)], &mut gpus(1));
         assert_eq!(placed[0].mem_limit_mib, None);
+    }
+
+    #[test]
+    fn a_job_without_a_declared_estimate_is_never_given_a_limit_from_the_default_guess() {
+        let guess = Pending {
+            basis: Basis::Guess,
+            ..job(1, 4)
+        };
+        let mut g = gpus(2);
+        busy(&mut g[0], 4, 0.1);
+        let placed = admit("ladle", std::slice::from_ref(&guess), &mut g);
+        assert_eq!(placed[0].gpus, vec![1], "alone, on the idle GPU");
+        assert_eq!(placed[0].mem_limit_mib, None);
+        assert!(placed[0].until_measured && !placed[0].exclusive);
+        // With no idle GPU it waits rather than share a GPU on a guess.
+        busy(&mut g[1], 4, 0.1);
+        assert!(admit("ladle", &[guess], &mut g).is_empty());
+        // Measured, the same job packs, and may be capped.
+        let measured = Pending {
+            basis: Basis::Measured,
+            ..job(1, 4)
+        };
+        let placed = admit("ladle", &[measured], &mut g);
+        assert!(placed[0].mem_limit_mib.is_some());
+    }
+
+    #[test]
+    fn the_idle_path_screens_memory() {
+        // No job of ours on the GPU, but telemetry shows 30 GiB in use (a job that just
+        // ended, still freeing): a 20 GiB job does not go there, a 5 GiB job does.
+        for name in Policy::NAMES {
+            let mut g = gpus(1);
+            g[0].used_mib = 30 * GIB;
+            assert!(
+                admit(name, &[job(1, 20)], &mut g.clone()).is_empty(),
+                "{name}"
+            );
+            assert_eq!(admit(name, &[job(2, 5)], &mut g).len(), 1, "{name}");
+        }
+        // An estimate beyond the GPU still fits an empty one (it may use all of it).
+        let huge = Pending {
+            estimate_mib: 100 * GIB,
+            ..job(3, 0)
+        };
+        assert_eq!(admit("ladle", &[huge], &mut gpus(1)).len(), 1);
+    }
+
+    #[test]
+    fn a_foreign_process_makes_a_gpu_not_idle() {
+        let mut g = gpus(2);
+        g[0].foreign_processes = 1;
+        g[0].foreign_mib = 30 * GIB;
+        g[0].used_mib = 30 * GIB;
+        g[1].foreign_processes = 1;
+        g[1].foreign_mib = 2 * GIB;
+        g[1].used_mib = 2 * GIB;
+        // Not idle: a retry (which needs an idle GPU) goes nowhere.
+        let retry = Pending {
+            exclusive: true,
+            ..job(1, 1)
+        };
+        assert!(admit("ladle", &[retry], &mut g.clone()).is_empty());
+        // A job goes through the screens, with the other user's memory counted.
+        let placed = admit("ladle", &[job(2, 9)], &mut g.clone());
+        assert_eq!(placed[0].gpus, vec![1]);
+        assert!(admit("ladle", &[job(3, 9)], &mut g[..1].to_vec()).is_empty());
+        // Reservations do not hide it: 2 GiB foreign + 30 GiB reserved leaves 8 GiB.
+        g[1].reserved_mib = 30 * GIB;
+        g[1].jobs = 1;
+        assert!(admit("ladle", &[job(4, 7)], &mut g[1..].to_vec()).is_empty());
+        assert_eq!(admit("ladle", &[job(5, 6)], &mut g[1..].to_vec()).len(), 1);
+    }
+
+    #[test]
+    fn count_foreign_counts_the_processes_that_are_not_ours() {
+        use crate::telemetry::{GpuSample, ProcessMemory};
+        let mut windows = GpuWindows::default();
+        windows.push(GpuSample {
+            memory_used_mib: 3000,
+            memory_total_mib: 40 * GIB,
+            utilization: 0.0,
+            sm_activity: None,
+            sm_occupancy: None,
+            dram_bandwidth: None,
+            processes: vec![
+                ProcessMemory {
+                    pid: 10,
+                    used_mib: 1000,
+                },
+                ProcessMemory {
+                    pid: 20,
+                    used_mib: 2000,
+                },
+            ],
+        });
+        let mut g = GpuState::default();
+        g.count_foreign(&windows, |pid| pid == 10);
+        assert_eq!((g.foreign_processes, g.foreign_mib), (1, 2000));
+    }
+
+    #[test]
+    fn a_gpu_whose_window_is_not_full_takes_no_collocation() {
+        let mut g = gpus(2);
+        busy(&mut g[0], 1, 0.1);
+        g[0].window_full = false;
+        g[1].window_full = false;
+        for name in Policy::NAMES {
+            // The idle GPU may still take a job; the busy one takes none.
+            let placed = admit(name, &[job(1, 1), job(2, 1)], &mut g.clone());
+            assert_eq!(placed.len(), 1, "{name}");
+            assert_eq!(placed[0].gpus, vec![1], "{name}");
+        }
+        let mut full = g.clone();
+        full[0].window_full = true;
+        assert_eq!(admit("ladle", &[job(1, 1), job(2, 1)], &mut full).len(), 2);
+        // windows_full says whether the windows hold 30 samples.
+        let mut windows = GpuWindows::default();
+        let sample = crate::telemetry::GpuSample {
+            memory_used_mib: 0,
+            memory_total_mib: 40 * GIB,
+            utilization: 0.0,
+            sm_activity: Some(0.0),
+            sm_occupancy: None,
+            dram_bandwidth: None,
+            processes: Vec::new(),
+        };
+        for i in 0..WINDOW {
+            assert!(!windows_full(&windows), "{i} samples");
+            windows.push(sample.clone());
+        }
+        assert!(windows_full(&windows));
+    }
+
+    #[test]
+    fn a_blocked_heads_gpus_stay_held_until_it_starts() {
+        // A 25 GiB head fits nowhere; it waits for GPU 1 (most free memory). Later GPU 0
+        // frees more memory than GPU 1, but backfill still stays off GPU 1 and uses GPU 0.
+        let mut g = gpus(2);
+        busy(&mut g[0], 30, 0.2);
+        busy(&mut g[1], 20, 0.2);
+        let mut engine = Admission::new(Policy::named("ladle").unwrap());
+        let queue = [job(1, 25), job(2, 1)];
+        let placed = engine.admit(100.0, &queue, &mut g.clone());
+        assert_eq!((placed[0].job, &placed[0].gpus), (2, &vec![0]));
+        let mut later = gpus(2);
+        busy(&mut later[0], 14, 0.2);
+        busy(&mut later[1], 20, 0.2);
+        let placed = engine.admit(200.0, &queue, &mut later);
+        assert_eq!(placed[0].job, 2);
+        assert_eq!(placed[0].gpus, vec![0], "GPU 1 stays held for the head");
     }
 
     #[test]
@@ -793,13 +1172,45 @@ mod tests {
             exclusive: true,
             ..job(1, 4)
         };
+        // CARMA: exclusive for its whole run. ladle: alone until measured.
+        let placed = admit(
+            "carma-most-free",
+            std::slice::from_ref(&retry),
+            &mut g.clone(),
+        );
+        assert!(placed[0].exclusive && !placed[0].until_measured);
         let placed = admit("ladle", &[retry.clone(), job(2, 1)], &mut g);
         assert_eq!(placed[0].gpus, vec![1]);
-        assert!(placed[0].exclusive);
+        assert!(placed[0].until_measured && !placed[0].exclusive);
+        assert_eq!(placed[0].mem_limit_mib, None, "alone: uncapped");
+        assert_eq!(g[1].unmeasured_jobs, 1);
         // Nobody joins it, even with room to spare.
         assert_eq!(placed[1].gpus, vec![0]);
         busy(&mut g[1], 0, 0.0);
         assert!(admit("ladle", &[retry], &mut g).is_empty());
+    }
+
+    #[test]
+    fn an_oom_retry_asks_for_its_observed_peak_and_others_join_it_once_measured() {
+        // The retry of a job that peaked at 9 GiB asks for 1.1 × 9 GiB, measured.
+        let retry = Pending {
+            estimate_mib: crate::job::learned_estimate(9 * GIB),
+            basis: Basis::Measured,
+            exclusive: true,
+            ..job(1, 0)
+        };
+        let mut g = gpus(1);
+        let mut engine = Admission::new(Policy::named("ladle").unwrap());
+        let placed = engine.admit(0.0, &[retry], &mut g);
+        assert!(placed[0].until_measured);
+        assert_eq!(g[0].reserved_mib, 9 * GIB + 922);
+        g[0].used_mib = 9 * GIB;
+        g[0].risk.sm_activity = 0.3;
+        // Not yet measured: nobody joins.
+        assert!(engine.admit(100.0, &[job(2, 4)], &mut g.clone()).is_empty());
+        // Measured (the caller stops counting it as unmeasured): others join.
+        g[0].unmeasured_jobs = 0;
+        assert_eq!(engine.admit(100.0, &[job(2, 4)], &mut g).len(), 1);
     }
 
     #[test]
@@ -862,6 +1273,7 @@ mod tests {
             job,
             gpus: vec![gpu],
             exclusive: false,
+            until_measured: false,
             mem_limit_mib: None,
         }
     }

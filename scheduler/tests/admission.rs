@@ -4,16 +4,19 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::policy::{Admission, GpuState, Pending, Policy};
 use ladle_scheduler::telemetry::{
     GpuWindows, NvmlTelemetry, SimGpus, SimLoad, Telemetry, TelemetryError,
 };
+use ladle_scheduler::window::WINDOW;
 
-/// Samples every GPU three times and returns admission's view of them.
+/// Samples every GPU a full window's worth of times (admission collocates nothing on a
+/// GPU whose window is not full) and returns admission's view of them.
 fn observe(backend: &mut dyn Telemetry) -> Vec<GpuState> {
     let infos = backend.gpus().to_vec();
     let mut windows = vec![GpuWindows::default(); infos.len()];
-    for _ in 0..3 {
+    for _ in 0..WINDOW {
         for (g, w) in windows.iter_mut().enumerate() {
             w.push(backend.sample(g).unwrap());
         }
@@ -25,10 +28,12 @@ fn observe(backend: &mut dyn Telemetry) -> Vec<GpuState> {
         .collect()
 }
 
+/// A one-GPU job that declares `estimate_mib`.
 fn job(id: u64, estimate_mib: u64) -> Pending {
     Pending {
         id,
         estimate_mib,
+        basis: Basis::Declared,
         gpus: 1,
         ..Pending::default()
     }
@@ -48,7 +53,8 @@ fn admission_behaves(backend: &mut dyn Telemetry) {
         assert!(usable.contains(&p.gpus[0]));
     }
 
-    // ladle: a small job lands on a usable GPU with an MPS limit of its estimate...
+    // ladle: a small job lands on a usable GPU with an MPS limit of the room the GPU had
+    // for it...
     let mut busy = states.clone();
     for s in &mut busy {
         s.jobs = 1; // every GPU already runs one of our jobs: no idle-GPU shortcut
@@ -56,14 +62,21 @@ fn admission_behaves(backend: &mut dyn Telemetry) {
     }
     let mut engine = Admission::new(Policy::named("ladle").unwrap());
     let small = engine.admit(0.0, &[job(1, 64)], &mut busy.clone());
-    let room = |s: &GpuState| s.total_mib.saturating_sub(s.used_mib) >= 64 + 2048 + 512;
+    let margin = Policy::ladle().margin_mib;
+    let room = |s: &GpuState| s.total_mib.saturating_sub(s.used_mib) >= 64 + margin + 512;
     if busy
         .iter()
         .any(|s| !s.unusable && room(s) && s.risk.sm_activity < 0.8)
     {
         assert_eq!(small.len(), 1);
-        assert!(usable.contains(&small[0].gpus[0]));
-        assert_eq!(small[0].mem_limit_mib, Some(64 + 2048), "estimate + margin");
+        let g = small[0].gpus[0];
+        assert!(usable.contains(&g));
+        let free = busy[g].total_mib - busy[g].used_mib;
+        assert_eq!(
+            small[0].mem_limit_mib,
+            Some(free - 512),
+            "free less the reserve"
+        );
     }
     // ...and a job larger than any GPU is never collocated.
     let largest = busy.iter().map(|s| s.total_mib).max().unwrap();

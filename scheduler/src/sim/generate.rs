@@ -99,7 +99,7 @@ pub fn generate(config: &GenerateConfig) -> Vec<TraceJob> {
                 mem_mib: mem_mib.round() as u64,
                 sm_activity: (sm_activity * 1000.0).round() / 1000.0,
                 gpus,
-                feed: None,
+                ..TraceJob::default()
             }
         })
         .collect()

@@ -24,11 +24,23 @@
 //! - **Memory**: a job holds its trace `mem_mib` on each of its GPUs from start to end. A job
 //!   that starts on a GPU whose summed memory then exceeds the GPU's, or whose memory
 //!   exceeds its own MPS limit, crashes out of memory [`SimConfig::oom_after_s`] seconds later
-//!   (10 s: the framework's first allocations), releasing its GPUs. It goes back to the head
-//!   of the queue, exclusive, with its estimate raised to `max(1.5 × estimate, 1.1 × observed
-//!   peak)` (the peak only with learned estimates), at most [`SimConfig::max_oom_retries`]
-//!   times; then it counts as failed.
-//! - **Estimates**: a job's estimate is `estimate_scale × mem_mib` (1.0: honest).
+//!   (10 s: the framework's first allocations), releasing its GPUs. Its observed peak is its
+//!   memory, or its limit if that stopped it. It goes back to the head of the queue flagged
+//!   [`Pending::exclusive`]: with learned estimates (`ladle`) asking for 1.1 × the observed
+//!   peak ([`Basis::Measured`]), alone until measured; otherwise (CARMA) with 1.5 × its
+//!   estimate, alone for its whole run. After [`SimConfig::max_oom_retries`] retries it counts
+//!   as failed ([`JobOutcome::failed`]) and is not run again.
+//! - **Estimates**: a job that declares (the trace's `declared` column, default true)
+//!   declares `estimate_scale × mem_mib` (1.0: honest); one that does not gets
+//!   [`SimConfig::default_estimate_mib`] (4096, the daemon's default) as a
+//!   [`Basis::Guess`], or with learned estimates its family's measured peak × 1.1 (a job
+//!   without a `family` is a family of its own). With learned estimates, a declaration is
+//!   scaled by [`Families::declared_factor`] at each admission round.
+//! - **Measurement**: a job is measured [`Policy::measure_s`] seconds after it starts (the
+//!   windows are full by then: they fill in the first 30 s of the trace). Its peak is then
+//!   known: its family learns it, queued guesses of the family become measured estimates, a
+//!   declaration is compared with it, and with learned estimates its reservation becomes
+//!   `max(estimate, 1.1 × peak)` (see [`crate::policy`]'s "Measured").
 //! - **Power**: each GPU draws `idle_w + (max_w − idle_w) · min(1, D)`; defaults 60 W idle and
 //!   400 W at full load, an A100-SXM4-40GB's idle draw and TDP. All GPUs count from the first
 //!   arrival to the last completion.
@@ -36,7 +48,8 @@
 //! ## Metrics
 //! `makespan_s` (first arrival to last completion), `mean_jct_s` (completion − arrival,
 //! over completed jobs), `mean_gpu_util` (time-average of `min(1, D)` over GPUs),
-//! `oom_crashes`, `energy_kwh`, `failed_jobs`.
+//! `oom_crashes`, `energy_kwh`, `failed_jobs`, and the trace's `lower_bound_s`
+//! ([`LowerBound`]: no schedule under this model finishes sooner).
 
 pub mod generate;
 pub mod trace;
@@ -45,7 +58,9 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Admission, GpuState, Pending, Placement, Policy};
+use crate::estimate::{Basis, Families};
+use crate::job::learned_estimate;
+use crate::policy::{Admission, GpuState, Pending, Placement, Policy, windows_full};
 use crate::telemetry::{GpuWindows, SimGpus, SimLoad, Telemetry};
 use crate::window::WINDOW;
 
@@ -76,6 +91,8 @@ pub struct SimConfig {
     pub max_w: f64,
     /// Telemetry period, s.
     pub tick_s: f64,
+    /// The estimate of a job that declares nothing, MiB (the daemon's default, 4096).
+    pub default_estimate_mib: u64,
 }
 
 impl Default for SimConfig {
@@ -90,6 +107,7 @@ impl Default for SimConfig {
             idle_w: 60.0,
             max_w: 400.0,
             tick_s: 1.0,
+            default_estimate_mib: 4 * 1024,
         }
     }
 }
@@ -111,6 +129,61 @@ pub struct SimReport {
     pub failed_jobs: u32,
     /// Jobs in the trace.
     pub jobs: usize,
+    /// The model's lower bound on the makespan, s ([`LowerBound`]).
+    pub lower_bound_s: f64,
+}
+
+/// A lower bound on any policy's makespan under the model, from the trace alone: no
+/// schedule can finish sooner than the largest of
+/// - `latest_s`: the latest `arrival + duration` (a job runs at most at its solo speed), from
+///   the first arrival;
+/// - `sm_work_s`: Σ `duration × sm_activity × gpus` over the GPUs (a GPU delivers at most
+///   one unit of SM demand per second: `min(1, D)` shared among its jobs, less contention);
+/// - `memory_time_s`: Σ `duration × mem_mib × gpus` over `GPUs × GPU memory` (a job holds
+///   its memory for at least its solo duration).
+///
+/// It ignores arrivals for the two sums and out-of-memory crashes, so it is not always
+/// reachable; `makespan ÷ bound` says how far a schedule is from it at most.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LowerBound {
+    /// Latest `arrival + duration` after the first arrival, s.
+    pub latest_s: f64,
+    /// Total SM work per GPU, s.
+    pub sm_work_s: f64,
+    /// Total memory-time per GPU's memory, s.
+    pub memory_time_s: f64,
+}
+
+impl LowerBound {
+    /// The bound of `trace` on `config`'s machine.
+    pub fn of(trace: &[TraceJob], config: &SimConfig) -> Self {
+        let start = trace
+            .iter()
+            .map(|j| j.submit_s)
+            .fold(f64::INFINITY, f64::min);
+        let gpus = config.gpus.max(1) as f64;
+        Self {
+            latest_s: trace
+                .iter()
+                .map(|j| j.submit_s - start + j.duration_s)
+                .fold(0.0, f64::max),
+            sm_work_s: trace
+                .iter()
+                .map(|j| j.duration_s * j.sm_activity * f64::from(j.gpus))
+                .sum::<f64>()
+                / gpus,
+            memory_time_s: trace
+                .iter()
+                .map(|j| j.duration_s * j.mem_mib as f64 * f64::from(j.gpus))
+                .sum::<f64>()
+                / (gpus * config.gpu_mem_mib.max(1) as f64),
+        }
+    }
+
+    /// The largest of the three, s.
+    pub fn bound_s(&self) -> f64 {
+        self.latest_s.max(self.sm_work_s).max(self.memory_time_s)
+    }
 }
 
 /// What happened to one job of the trace.
@@ -128,6 +201,9 @@ pub struct JobOutcome {
     pub gpus: Vec<usize>,
     /// Out-of-memory crashes it had.
     pub oom_crashes: u32,
+    /// It ran out of out-of-memory retries ([`SimConfig::max_oom_retries`]): its final state
+    /// is failed, and it is not run again.
+    pub failed: bool,
 }
 
 /// Shortest telemetry period the simulator takes, s.
@@ -175,7 +251,10 @@ pub enum SimError {
 #[derive(Debug, Clone)]
 struct Queued {
     job: usize,
+    /// What it declares, MiB (`mem_mib × estimate_scale`), if it does.
+    declared_mib: Option<u64>,
     estimate_mib: u64,
+    basis: Basis,
     exclusive: bool,
     crashes: u32,
 }
@@ -188,6 +267,33 @@ struct Running {
     remaining: f64,
     crash_at: Option<f64>,
     limit_mib: Option<u64>,
+    /// When it counts as measured (start + `measure_s`).
+    measure_at: f64,
+    /// Its peak, once measured, MiB.
+    measured_mib: Option<u64>,
+    /// Nobody joins it while it runs.
+    exclusive: bool,
+    /// Nobody joins it until it is measured.
+    until_measured: bool,
+}
+
+impl Running {
+    /// Its reservation: the estimate, or once measured (with learned estimates) the larger
+    /// of the estimate and 1.1 × the peak.
+    fn reservation_mib(&self, learned: bool) -> u64 {
+        match (learned, self.measured_mib) {
+            (true, Some(peak)) => self.queued.estimate_mib.max(learned_estimate(peak)),
+            _ => self.queued.estimate_mib,
+        }
+    }
+}
+
+/// The family of trace job `j`: its `family` column, or one of its own.
+fn family_of(trace: &[TraceJob], j: usize) -> String {
+    trace[j]
+        .family
+        .clone()
+        .unwrap_or_else(|| format!("\u{1f}job {j}"))
 }
 
 const EPS: f64 = 1e-9;
@@ -238,6 +344,7 @@ fn check_settings(policy: &Policy, config: &SimConfig) -> Result<(), SimError> {
             time(config.oom_after_s, 0.0),
         ),
         ("settle_s", policy.settle_s, time(policy.settle_s, 0.0)),
+        ("measure_s", policy.measure_s, time(policy.measure_s, 0.0)),
         ("contention", config.contention, amount(config.contention)),
         ("idle_w", config.idle_w, amount(config.idle_w)),
         ("max_w", config.max_w, amount(config.max_w)),
@@ -287,6 +394,8 @@ fn replay(
     }
     let policy_name = policy.name.clone();
     let learned = policy.learned_estimates;
+    let measure_s = policy.measure_s;
+    let mut families = Families::new();
     let mut engine = Admission::new(policy);
     let mut order: Vec<usize> = (0..trace.len()).collect();
     order.sort_by(|&a, &b| trace[a].submit_s.total_cmp(&trace[b].submit_s));
@@ -315,6 +424,7 @@ fn replay(
             finish_s: None,
             gpus: Vec::new(),
             oom_crashes: 0,
+            failed: false,
         })
         .collect();
     let (mut busy_integral, mut energy_j) = (0.0, 0.0);
@@ -351,6 +461,11 @@ fn replay(
         let next_arrival = arrivals
             .front()
             .map_or(f64::INFINITY, |&j| trace[j].submit_s);
+        let next_measure = running
+            .iter()
+            .filter(|r| r.measured_mib.is_none())
+            .map(|r| r.measure_at)
+            .fold(f64::INFINITY, f64::min);
         if running.is_empty() && arrivals.is_empty() && queue.is_empty() {
             break;
         }
@@ -365,7 +480,8 @@ fn replay(
             let until = next_finish
                 .min(next_crash)
                 .min(next_arrival)
-                .min(next_unlock);
+                .min(next_unlock)
+                .min(next_measure);
             if until == f64::INFINITY {
                 // No job runs or arrives, no lock expires, and the queue was refused: it
                 // always will be.
@@ -424,21 +540,64 @@ fn replay(
             oom_crashes += 1;
             outcomes[r.queued.job].oom_crashes += 1;
             let job = &trace[r.queued.job];
+            let peak = job.mem_mib.min(r.limit_mib.unwrap_or(u64::MAX));
+            if learned {
+                // What it held when it died is at least what its family needs.
+                families.observe(&family_of(trace, r.queued.job), peak);
+                if let Some(declared) = r.queued.declared_mib {
+                    families.observe_declared(declared, peak);
+                }
+            }
             if r.queued.crashes >= config.max_oom_retries {
                 failed_jobs += 1;
+                outcomes[r.queued.job].failed = true;
                 continue;
             }
-            let peak = job.mem_mib.min(r.limit_mib.unwrap_or(u64::MAX));
-            let mut raised = r.queued.estimate_mib.saturating_mul(3).div_ceil(2);
-            if learned {
-                raised = raised.max(peak.saturating_mul(11).div_ceil(10));
-            }
+            // With learned estimates the retry asks for its observed peak (×1.1) and runs
+            // alone, uncapped, until measured; otherwise 1.5 × the old estimate.
+            let (raised, basis) = if learned {
+                (learned_estimate(peak), Basis::Measured)
+            } else {
+                (
+                    r.queued.estimate_mib.saturating_mul(3).div_ceil(2),
+                    r.queued.basis,
+                )
+            };
             queue.push_front(Queued {
                 job: r.queued.job,
+                declared_mib: r.queued.declared_mib,
                 estimate_mib: raised.min(config.gpu_mem_mib),
+                basis,
                 exclusive: true,
                 crashes: r.queued.crashes + 1,
             });
+        }
+
+        // Measurements: a job that has run `measure_s` seconds shows its peak.
+        for r in &mut running {
+            if r.measured_mib.is_some() || r.measure_at > t + EPS {
+                continue;
+            }
+            let peak = trace[r.queued.job]
+                .mem_mib
+                .min(r.limit_mib.unwrap_or(u64::MAX));
+            r.measured_mib = Some(peak);
+            changed = true;
+            if learned {
+                let family = family_of(trace, r.queued.job);
+                families.observe(&family, peak);
+                if let Some(declared) = r.queued.declared_mib {
+                    families.observe_declared(declared, peak);
+                }
+                let estimate = learned_estimate(families.peak(&family).unwrap_or(peak));
+                for q in queue
+                    .iter_mut()
+                    .filter(|q| q.basis == Basis::Guess && family_of(trace, q.job) == family)
+                {
+                    q.estimate_mib = estimate;
+                    q.basis = Basis::Measured;
+                }
+            }
         }
 
         // Arrivals.
@@ -448,9 +607,19 @@ fn replay(
             }
             arrivals.pop_front();
             changed = true;
+            let declared = trace[j]
+                .declared
+                .then(|| (trace[j].mem_mib as f64 * config.estimate_scale).ceil() as u64);
+            let estimate = if learned || declared.is_some() {
+                families.estimate(&family_of(trace, j), declared, config.default_estimate_mib)
+            } else {
+                Families::new().estimate("", None, config.default_estimate_mib)
+            };
             queue.push_back(Queued {
                 job: j,
-                estimate_mib: (trace[j].mem_mib as f64 * config.estimate_scale).ceil() as u64,
+                declared_mib: declared,
+                estimate_mib: estimate.mib,
+                basis: estimate.basis,
                 exclusive: false,
                 crashes: 0,
             });
@@ -480,6 +649,7 @@ fn replay(
             .zip(&locked_until)
             .map(|((info, w), &locked_until)| GpuState {
                 locked_until,
+                window_full: windows_full(w),
                 ..GpuState::observed(info, w)
             })
             .collect();
@@ -487,10 +657,19 @@ fn replay(
             for &g in &r.gpus {
                 let s = &mut states[g];
                 s.jobs += 1;
-                s.reserved_mib = s.reserved_mib.saturating_add(r.queued.estimate_mib);
-                s.exclusive_job |= r.queued.exclusive;
+                s.reserved_mib = s.reserved_mib.saturating_add(r.reservation_mib(learned));
+                s.exclusive_job |= r.exclusive;
+                s.unmeasured_jobs += u32::from(r.until_measured && r.measured_mib.is_none());
                 if let Some(feed) = &trace[r.queued.job].feed {
                     s.feeds.push(feed.clone());
+                }
+            }
+        }
+        if learned {
+            // A declaration is checked against what measured jobs showed, as of now.
+            for q in queue.iter_mut().filter(|q| q.basis == Basis::Declared) {
+                if let Some(declared) = q.declared_mib {
+                    q.estimate_mib = families.checked_declared(declared);
                 }
             }
         }
@@ -499,10 +678,11 @@ fn replay(
             .map(|q| Pending {
                 id: q.job as u64,
                 estimate_mib: q.estimate_mib,
+                basis: q.basis,
+                family: family_of(trace, q.job),
                 gpus: trace[q.job].gpus,
                 exclusive: q.exclusive,
                 feed: trace[q.job].feed.clone(),
-                ..Pending::default()
             })
             .collect();
         let placements = engine.admit(t, &pending, &mut states);
@@ -514,8 +694,9 @@ fn replay(
         for Placement {
             job,
             gpus,
+            exclusive,
+            until_measured,
             mem_limit_mib,
-            ..
         } in placements
         {
             let job = job as usize;
@@ -545,6 +726,10 @@ fn replay(
                 remaining: spec.duration_s,
                 crash_at,
                 limit_mib: mem_limit_mib,
+                measure_at: t + measure_s,
+                measured_mib: None,
+                exclusive,
+                until_measured,
             });
         }
     }
@@ -574,6 +759,7 @@ fn replay(
         energy_kwh: energy_j / 3.6e6,
         failed_jobs,
         jobs: trace.len(),
+        lower_bound_s: LowerBound::of(trace, config).bound_s(),
     };
     Ok((report, outcomes, steps))
 }
@@ -591,7 +777,7 @@ mod tests {
             mem_mib,
             sm_activity: sm,
             gpus: 1,
-            feed: None,
+            ..TraceJob::default()
         }
     }
 
@@ -646,9 +832,10 @@ mod tests {
             job("b", 0.0, 100.0, 1000, 0.8),
         ];
         let r = simulate(&trace, policy, &config).unwrap();
-        // a runs alone for the first tick boundary (b starts at the same instant with no
-        // settle lock), then both share 1.6 of demand: 160 s for both.
-        assert!((r.makespan_s - 160.0).abs() < 1.0, "{r:?}");
+        // a runs alone until the telemetry windows are full (30 samples, at 29 s: no
+        // collocation before), then both share 1.6 of demand: a's last 71 s take 113.6 s,
+        // then b's last 29 s run alone: 29 + 113.6 + 29 = 171.6 s.
+        assert!((r.makespan_s - 171.6).abs() < 1.0, "{r:?}");
     }
 
     #[test]
@@ -668,10 +855,126 @@ mod tests {
         assert_eq!(carma.failed_jobs, 0);
         // Both finish: the crashed one reruns alone after big.
         assert!(carma.makespan_s >= 2000.0);
-        // ladle: the MPS limit (5 GiB) catches late too, and its retry waits for an idle GPU.
+        // ladle: big is measured at 30 s and shows 4 × what it declared, so late's
+        // declaration is scaled by 4 too (20 GiB): it waits for big instead of crashing.
         let ladle = run("ladle", &trace, &config);
-        assert!(ladle.oom_crashes >= 1);
-        assert_eq!(ladle.failed_jobs, 0);
+        assert_eq!((ladle.oom_crashes, ladle.failed_jobs), (0, 0), "{ladle:?}");
+        assert!(
+            ladle.makespan_s <= carma.makespan_s,
+            "{ladle:?} vs {carma:?}"
+        );
+    }
+
+    fn undeclared(id: &str, submit_s: f64, duration_s: f64, mem_mib: u64, sm: f64) -> TraceJob {
+        TraceJob {
+            declared: false,
+            family: Some("sweep".to_owned()),
+            ..job(id, submit_s, duration_s, mem_mib, sm)
+        }
+    }
+
+    #[test]
+    fn a_job_without_a_declared_estimate_is_never_oom_killed_by_a_limit_from_the_default_guess() {
+        // Needs 12 GiB, gets the 4 GiB guess: alone until measured, never capped by it.
+        let config = SimConfig {
+            gpus: 1,
+            ..SimConfig::default()
+        };
+        let trace = [undeclared("a", 0.0, 600.0, 12 * 1024, 0.3)];
+        let (r, jobs) = simulate_jobs(&trace, Policy::named("ladle").unwrap(), &config).unwrap();
+        assert_eq!((r.oom_crashes, jobs[0].oom_crashes), (0, 0), "{r:?}");
+        assert!((r.makespan_s - 600.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_familys_second_member_packs_after_the_first_is_measured() {
+        let config = SimConfig {
+            gpus: 1,
+            gpu_mem_mib: 80 * 1024,
+            ..SimConfig::default()
+        };
+        let trace = [
+            undeclared("first", 0.0, 1800.0, 12 * 1024, 0.3),
+            undeclared("second", 1.0, 1800.0, 12 * 1024, 0.3),
+        ];
+        let policy = Policy::named("ladle").unwrap();
+        let measure_s = policy.measure_s;
+        let (r, jobs) = simulate_jobs(&trace, policy, &config).unwrap();
+        let (first, second) = (jobs[0].start_s.unwrap(), jobs[1].start_s.unwrap());
+        assert!(second >= first + measure_s, "{jobs:?}");
+        assert!(
+            second < jobs[0].finish_s.unwrap(),
+            "packed, not queued: {jobs:?}"
+        );
+        assert_eq!(r.oom_crashes, 0);
+    }
+
+    #[test]
+    fn an_oom_retry_asks_for_its_observed_peak_and_others_join_it_once_measured() {
+        let config = SimConfig {
+            gpus: 1,
+            ..SimConfig::default()
+        };
+        // a declares nothing and is measured at 20 GiB (reserving 22). liar declares 5 GiB
+        // and needs 25: beside a its limit (the 17.5 GiB of room) stops it at 17.5 GiB. Its
+        // retry asks for 1.1 × 17.5 GiB, runs alone and uncapped after a, is measured at
+        // 25 GiB, and only then c joins it.
+        let trace = [
+            TraceJob {
+                declared: false,
+                ..job("a", 0.0, 200.0, 20 * 1024, 0.3)
+            },
+            job("liar", 100.0, 1000.0, 25 * 1024, 0.3),
+            job("c", 150.0, 300.0, 2 * 1024, 0.1),
+        ];
+        let mut config_liar = config.clone();
+        config_liar.estimate_scale = 0.2; // 25 GiB declared as 5
+        let (r, jobs) =
+            simulate_jobs(&trace, Policy::named("ladle").unwrap(), &config_liar).unwrap();
+        assert_eq!(jobs[1].oom_crashes, 1, "{jobs:?}");
+        assert_eq!(r.failed_jobs, 0);
+        let retry_start = jobs[1].start_s.unwrap();
+        assert!(retry_start >= jobs[0].finish_s.unwrap(), "alone: {jobs:?}");
+        let c_start = jobs[2].start_s.unwrap();
+        assert!(c_start >= retry_start + Policy::MEASURE_S, "{jobs:?}");
+        assert!(c_start < jobs[1].finish_s.unwrap(), "joined it: {jobs:?}");
+    }
+
+    #[test]
+    fn out_of_memory_retries_are_capped_with_a_final_failed_state() {
+        // 50 GiB on a 40 GiB GPU crashes every time.
+        let config = SimConfig {
+            gpus: 1,
+            ..SimConfig::default()
+        };
+        let trace = [job("huge", 0.0, 100.0, 50 * 1024, 0.3)];
+        for name in ["carma-most-free", "ladle"] {
+            let (r, jobs) = simulate_jobs(&trace, Policy::named(name).unwrap(), &config).unwrap();
+            assert_eq!(r.oom_crashes, config.max_oom_retries + 1, "{name}");
+            assert_eq!(r.failed_jobs, 1, "{name}");
+            assert!(
+                jobs[0].failed && jobs[0].finish_s.is_none(),
+                "{name}: {jobs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_policy_beats_the_lower_bound() {
+        for seed in 1..=3 {
+            let trace = generate(&GenerateConfig {
+                seed,
+                ..GenerateConfig::default()
+            });
+            let config = SimConfig::default();
+            let bound = LowerBound::of(&trace, &config);
+            assert!(bound.bound_s() >= bound.latest_s.max(bound.sm_work_s));
+            for name in Policy::NAMES {
+                let r = run(name, &trace, &config);
+                assert_eq!(r.lower_bound_s, bound.bound_s());
+                assert!(r.makespan_s >= r.lower_bound_s - 1e-6, "{name}: {r:?}");
+            }
+        }
     }
 
     #[test]

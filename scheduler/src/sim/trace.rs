@@ -1,7 +1,7 @@
 //! Trace files: one job per CSV row.
 //!
 //! ```text
-//! job_id,submit_s,duration_s,mem_mib,sm_activity,gpus[,feed]
+//! job_id,submit_s,duration_s,mem_mib,sm_activity,gpus[,feed][,declared][,family]
 //! j001,0.0,42.5,900,0.12,1
 //! ```
 //! - `submit_s`: arrival, seconds from the trace's start;
@@ -9,7 +9,17 @@
 //! - `mem_mib`: peak device memory **per GPU**, MiB (the honest estimate);
 //! - `sm_activity`: SM demand when alone, 0 – 1;
 //! - `gpus`: GPUs it needs at once;
-//! - `feed` (optional column): the producer feed it consumes.
+//! - `feed` (optional column): the producer feed it consumes;
+//! - `declared` (optional column, `true`/`false`, default `true`): whether the job declares
+//!   its memory (`mem_mib × estimate_scale`, see [`super::SimConfig::estimate_scale`]). An
+//!   undeclared job gets the scheduler's default guess
+//!   ([`super::SimConfig::default_estimate_mib`], 4096 MiB as the daemon's), or, under a
+//!   policy with learned estimates, its family's measured peak;
+//! - `family` (optional column): its family (the runs of one sweep share one; see
+//!   [`crate::estimate`]); empty or absent: a family of its own.
+//!
+//! The optional columns may come in any order after the six required ones; a trace
+//! without them reads as before (everything declared, no families).
 //!
 //! ## Bounds
 //! Every value must be finite and in range, or the trace is refused with an error naming
@@ -55,6 +65,27 @@ pub struct TraceJob {
     pub gpus: u32,
     /// Feed consumed, if any.
     pub feed: Option<String>,
+    /// Whether it declares its memory (default `true`).
+    pub declared: bool,
+    /// Its family, if it shares one.
+    pub family: Option<String>,
+}
+
+impl Default for TraceJob {
+    /// A declared one-GPU job named `j`, arriving at 0, of one second, no memory or load.
+    fn default() -> Self {
+        Self {
+            id: "j".to_owned(),
+            submit_s: 0.0,
+            duration_s: 1.0,
+            mem_mib: 0,
+            sm_activity: 0.0,
+            gpus: 1,
+            feed: None,
+            declared: true,
+            family: None,
+        }
+    }
 }
 
 impl TraceJob {
@@ -158,7 +189,9 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// The header row is not the expected one.
-    #[error("trace {path}: the header must be `{expected}` (optionally `,feed`), found `{found}`")]
+    #[error(
+        "trace {path}: the header must be `{expected}` (then optionally `feed`, `declared`, `family`, each once), found `{found}`"
+    )]
     Header {
         /// The trace file.
         path: PathBuf,
@@ -238,16 +271,30 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
         .map(|(i, l)| (i + 1, l.trim()))
         .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
     let header = lines.next().map(|(_, l)| l).unwrap_or_default();
-    let with_feed = match header {
-        h if h == HEADER => false,
-        h if h.strip_suffix(",feed") == Some(HEADER) => true,
-        other => return Err(ParseError::Header(other.to_owned())),
+    let Some(extra) = header.strip_prefix(HEADER) else {
+        return Err(ParseError::Header(header.to_owned()));
     };
+    let extra: Vec<&str> = match extra {
+        "" => Vec::new(),
+        rest => match rest.strip_prefix(',') {
+            Some(rest) => rest.split(',').map(str::trim).collect(),
+            None => return Err(ParseError::Header(header.to_owned())),
+        },
+    };
+    let column = |name: &str| extra.iter().position(|c| *c == name).map(|i| 6 + i);
+    let known = extra
+        .iter()
+        .all(|c| matches!(*c, "feed" | "declared" | "family"));
+    let unique = (1..extra.len()).all(|i| !extra[..i].contains(&extra[i]));
+    if !(known && unique) {
+        return Err(ParseError::Header(header.to_owned()));
+    }
+    let (feed_at, declared_at, family_at) = (column("feed"), column("declared"), column("family"));
     let mut jobs = Vec::new();
     for (line, row) in lines {
         let bad = |reason: String| ParseError::Row(line, reason);
         let fields: Vec<&str> = row.split(',').map(str::trim).collect();
-        let want = if with_feed { 7 } else { 6 };
+        let want = 6 + extra.len();
         if fields.len() != want {
             return Err(bad(format!(
                 "expected {want} fields, found {}",
@@ -259,6 +306,15 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
                 Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
                 _ => Err(bad(format!("{name} {:?} is not a number ≥ 0", fields[i]))),
             }
+        };
+        let text = |at: Option<usize>| {
+            at.map(|i| fields[i].to_owned())
+                .filter(|f: &String| !f.is_empty())
+        };
+        let declared = match declared_at.map(|i| fields[i]) {
+            None | Some("" | "true" | "1" | "yes") => true,
+            Some("false" | "0" | "no") => false,
+            Some(other) => return Err(bad(format!("declared {other:?} is not true or false"))),
         };
         let job =
             TraceJob {
@@ -272,9 +328,9 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
                 gpus: fields[5].parse().ok().filter(|&g| g >= 1).ok_or_else(|| {
                     bad(format!("gpus {:?} is not a whole number ≥ 1", fields[5]))
                 })?,
-                feed: with_feed
-                    .then(|| fields[6].to_owned())
-                    .filter(|f| !f.is_empty()),
+                feed: text(feed_at),
+                declared,
+                family: text(family_at),
             };
         job.validate().map_err(|e| bad(e.to_string()))?;
         jobs.push(job);
@@ -285,11 +341,23 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, ParseError> {
     Ok(jobs)
 }
 
-/// Formats jobs as trace text (with the `feed` column only when some job has a feed).
+/// Formats jobs as trace text, with each optional column (`feed`, `declared`, `family`)
+/// only when some job needs it.
 pub fn format(jobs: &[TraceJob]) -> String {
     let with_feed = jobs.iter().any(|j| j.feed.is_some());
+    let with_declared = jobs.iter().any(|j| !j.declared);
+    let with_family = jobs.iter().any(|j| j.family.is_some());
     let mut out = String::from(HEADER);
-    out.push_str(if with_feed { ",feed\n" } else { "\n" });
+    for (on, name) in [
+        (with_feed, ",feed"),
+        (with_declared, ",declared"),
+        (with_family, ",family"),
+    ] {
+        if on {
+            out.push_str(name);
+        }
+    }
+    out.push('\n');
     for j in jobs {
         out.push_str(&format!(
             "{},{:.1},{:.1},{},{:.3},{}",
@@ -298,6 +366,13 @@ pub fn format(jobs: &[TraceJob]) -> String {
         if with_feed {
             out.push(',');
             out.push_str(j.feed.as_deref().unwrap_or(""));
+        }
+        if with_declared {
+            out.push_str(if j.declared { ",true" } else { ",false" });
+        }
+        if with_family {
+            out.push(',');
+            out.push_str(j.family.as_deref().unwrap_or(""));
         }
         out.push('\n');
     }
@@ -329,8 +404,49 @@ mod tests {
             sm_activity: 0.25,
             gpus: 2,
             feed: Some("imagenet".to_owned()),
+            ..TraceJob::default()
         }];
         assert_eq!(parse(&format(&jobs)).unwrap(), jobs);
+        let sweep = vec![
+            TraceJob {
+                declared: false,
+                family: Some("sweep".to_owned()),
+                ..jobs[0].clone()
+            },
+            TraceJob {
+                id: "b".to_owned(),
+                ..jobs[0].clone()
+            },
+        ];
+        let text = format(&sweep);
+        assert!(text.starts_with(&format!("{HEADER},feed,declared,family\n")));
+        assert_eq!(parse(&text).unwrap(), sweep);
+    }
+
+    #[test]
+    fn optional_columns_come_in_any_order_and_default_to_declared_without_a_family() {
+        let text =
+            format!("{HEADER},family,declared\na,0,10,100,0.5,1,f,false\nb,0,10,100,0.5,1,,\n");
+        let jobs = parse(&text).unwrap();
+        assert_eq!(
+            (jobs[0].declared, jobs[0].family.as_deref()),
+            (false, Some("f"))
+        );
+        assert_eq!((jobs[1].declared, jobs[1].family.as_deref()), (true, None));
+        assert!(matches!(
+            parse(&format!(
+                "{HEADER},declared,declared\na,0,10,100,0.5,1,true,true\n"
+            )),
+            Err(ParseError::Header(_))
+        ));
+        assert!(matches!(
+            parse(&format!("{HEADER},owner\na,0,10,100,0.5,1,me\n")),
+            Err(ParseError::Header(_))
+        ));
+        assert!(matches!(
+            parse(&format!("{HEADER},declared\na,0,10,100,0.5,1,maybe\n")),
+            Err(ParseError::Row(2, _))
+        ));
     }
 
     #[test]
