@@ -403,13 +403,18 @@ impl GpuState {
     }
 
     /// Counts the processes of the latest sample that are not the scheduler's (`ours(pid)`
-    /// false: not a job's process, not the MPS server) as foreign: `foreign_processes` and
-    /// `foreign_mib`.
+    /// false; MPS servers are never foreign) as foreign: `foreign_processes` and
+    /// `foreign_mib` ([`crate::telemetry::GpuSample::foreign`]). A sample whose process
+    /// lists are unknown (a failed NVML call), or no sample at all, counts as one foreign
+    /// process: a GPU is never taken for idle because a query failed.
     pub fn count_foreign(&mut self, windows: &GpuWindows, ours: impl Fn(u32) -> bool) {
-        let processes = windows.last.as_ref().map_or(&[][..], |s| &s.processes[..]);
-        for p in processes.iter().filter(|p| !ours(p.pid)) {
-            self.foreign_processes = self.foreign_processes.saturating_add(1);
-            self.foreign_mib = self.foreign_mib.saturating_add(p.used_mib);
+        match windows.last.as_ref().and_then(|s| s.foreign(ours)) {
+            Some(foreign) => {
+                let count = u32::try_from(foreign.processes.len()).unwrap_or(u32::MAX);
+                self.foreign_processes = self.foreign_processes.saturating_add(count);
+                self.foreign_mib = self.foreign_mib.saturating_add(foreign.memory_mib);
+            }
+            None => self.foreign_processes = self.foreign_processes.saturating_add(1),
         }
     }
 }
@@ -1044,30 +1049,43 @@ mod tests {
     }
 
     #[test]
-    fn count_foreign_counts_the_processes_that_are_not_ours() {
-        use crate::telemetry::{GpuSample, ProcessMemory};
+    fn count_foreign_counts_the_processes_that_are_not_ours_and_unknown_lists_as_foreign() {
+        use crate::telemetry::{GpuProcess, GpuSample};
+        let process = |pid, used_mib, name: &str| GpuProcess {
+            pid,
+            used_mib,
+            compute: true,
+            mps: false,
+            name: Some(name.to_owned()),
+        };
         let mut windows = GpuWindows::default();
         windows.push(GpuSample {
             memory_used_mib: 3000,
             memory_total_mib: 40 * GIB,
-            utilization: 0.0,
-            sm_activity: None,
-            sm_occupancy: None,
-            dram_bandwidth: None,
-            processes: vec![
-                ProcessMemory {
-                    pid: 10,
-                    used_mib: 1000,
-                },
-                ProcessMemory {
-                    pid: 20,
-                    used_mib: 2000,
-                },
-            ],
+            gpu_processes: Some(vec![
+                process(10, Some(1000), "python"),
+                process(20, Some(2000), "python"),
+                process(30, None, "other"),
+                process(40, Some(500), "nvidia-cuda-mps"),
+            ]),
+            ..GpuSample::default()
         });
         let mut g = GpuState::default();
         g.count_foreign(&windows, |pid| pid == 10);
-        assert_eq!((g.foreign_processes, g.foreign_mib), (1, 2000));
+        assert_eq!((g.foreign_processes, g.foreign_mib), (2, 2000));
+        // A failed process query: not known to be empty, so not idle.
+        windows.push(GpuSample {
+            memory_used_mib: 0,
+            memory_total_mib: 40 * GIB,
+            gpu_processes: None,
+            ..GpuSample::default()
+        });
+        let mut g = GpuState::default();
+        g.count_foreign(&windows, |_| false);
+        assert_eq!(g.foreign_processes, 1);
+        let mut g = GpuState::default();
+        g.count_foreign(&GpuWindows::default(), |_| false);
+        assert_eq!(g.foreign_processes, 1, "no sample yet");
     }
 
     #[test]
@@ -1095,6 +1113,7 @@ mod tests {
             sm_occupancy: None,
             dram_bandwidth: None,
             processes: Vec::new(),
+            ..crate::telemetry::GpuSample::default()
         };
         for i in 0..WINDOW {
             assert!(!windows_full(&windows), "{i} samples");
