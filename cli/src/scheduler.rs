@@ -129,6 +129,12 @@ pub(crate) struct DaemonOptions {
     /// or the path of a `dcgmi` to run.
     #[arg(long, default_value = "auto", value_name = "auto|off|PATH")]
     dcgm: String,
+    /// Seconds a job must be seen on its GPUs, with their telemetry windows full, before its
+    /// peak memory counts as measured (default: the policy's, 30 s). A job placed alone
+    /// until measured (one that declared no memory, or an out-of-memory retry) takes
+    /// neighbours only then, and its family packs by the peak.
+    #[arg(long, value_name = "S")]
+    measure_s: Option<f64>,
     /// Telemetry and admission period, milliseconds (a 30-sample window spans 30 periods).
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     tick_ms: u64,
@@ -184,6 +190,12 @@ impl DaemonOptions {
             "off" => DcgmMode::Off,
             path => DcgmMode::Program(path.into()),
         };
+        if let Some(measure) = self.measure_s {
+            if !(measure.is_finite() && measure >= 0.0) {
+                bail!("--measure-s must be a number ≥ 0");
+            }
+            config.policy.measure_s = measure;
+        }
         if self.tick_ms == 0 {
             bail!("--tick-ms must be at least 1");
         }

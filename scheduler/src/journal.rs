@@ -61,6 +61,15 @@ pub enum Record {
         gpus: Vec<u32>,
         /// MPS memory limit per GPU, MiB.
         limit_mib: Option<u64>,
+        /// The estimate it was placed with (reserved for it until it is measured), MiB.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        estimate_mib: Option<u64>,
+        /// Nobody joins it on these GPUs for as long as it runs.
+        #[serde(default)]
+        exclusive: bool,
+        /// Nobody joins it on these GPUs until it is measured.
+        #[serde(default)]
+        until_measured: bool,
     },
     /// The attempt's process exists.
     Started {

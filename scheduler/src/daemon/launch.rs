@@ -13,6 +13,7 @@ use crate::estimate::Basis;
 use crate::job::{self, JobId};
 use crate::journal::{Outcome, Record};
 use crate::mps;
+use crate::policy::Placement;
 use crate::sys;
 use crate::telemetry::SimLoad;
 
@@ -44,8 +45,11 @@ pub(super) struct Live {
     pub sim_load: SimLoad,
     /// Bytes of its stdout already read for sim markers.
     pub stdout_read: u64,
-    /// Largest memory seen for its process group on one GPU, MiB.
+    /// Largest memory seen for its process group on one GPU, MiB (on simulated GPUs: what
+    /// it holds, its estimate until it reports its memory, then the most it reported).
     pub peak_mib: Option<u64>,
+    /// Simulated GPUs: it has reported its memory (`ladle-sim: mem_mib=…`).
+    pub reported: bool,
     /// When (daemon clock) its process was first seen on its GPUs.
     pub seen_at: Option<f64>,
 }
@@ -61,6 +65,7 @@ impl Live {
             },
             stdout_read: 0,
             peak_mib: None,
+            reported: false,
             seen_at: None,
         }
     }
@@ -115,18 +120,22 @@ impl Daemon {
             .unwrap_or(u64::MAX)
     }
 
-    /// Journals and starts attempt `attempts + 1` of job `id` on `gpus`.
-    pub(super) fn launch(&mut self, id: JobId, gpus: &[usize], limit_mib: Option<u64>) {
+    /// Journals and starts the next attempt of the job `placement` places, with the
+    /// estimate admission placed it by.
+    pub(super) fn launch(&mut self, placement: &Placement, estimate_mib: u64) {
+        let (id, gpus, limit_mib) = (placement.job, &placement.gpus[..], placement.mem_limit_mib);
         let Some(job) = self.jobs.jobs.get(&id) else {
             return;
         };
         let attempt = job.attempts + 1;
-        let estimate_mib = job.estimate.mib;
         let starting = Record::Starting {
             id,
             attempt,
             gpus: gpus.iter().map(|&g| g as u32).collect(),
             limit_mib,
+            estimate_mib: Some(estimate_mib),
+            exclusive: placement.exclusive,
+            until_measured: placement.until_measured,
         };
         if !self.commit(starting) {
             return;
@@ -142,7 +151,15 @@ impl Daemon {
                     pid,
                     start_ticks,
                 });
-                tracing::info!(job = id, attempt, pid, ?gpus, ?limit_mib, "started");
+                tracing::info!(
+                    job = id,
+                    attempt,
+                    pid,
+                    ?gpus,
+                    ?limit_mib,
+                    until_measured = placement.until_measured,
+                    "started"
+                );
                 let now = self.now();
                 let simulated = self.telemetry.simulated().is_some();
                 let mut load = None;
@@ -150,8 +167,9 @@ impl Daemon {
                     live.child = Some(child);
                     if simulated {
                         // A simulated GPU shows the job at once, holding its estimate until
-                        // it reports its memory (its peak is what it reports).
+                        // it reports its memory.
                         live.seen_at = Some(now);
+                        live.peak_mib = Some(live.sim_load.mem_mib);
                         load = Some(live.sim_load);
                     }
                 }

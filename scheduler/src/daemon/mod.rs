@@ -57,7 +57,7 @@ use crate::telemetry::{
     Telemetry, TelemetryError,
 };
 
-pub use self::telemetry::{MEASURE_S, SEEN_GRACE_S};
+pub use self::telemetry::SEEN_GRACE_S;
 
 use self::launch::Live;
 use self::state::Jobs;
@@ -213,6 +213,11 @@ struct Daemon {
     /// GPUs whose latest sample failed: admission skips them until one succeeds (their
     /// windows' last sample is stale).
     stale: Vec<bool>,
+    /// Most jobs each GPU's compute mode lets run at once (`Some(1)`: EXCLUSIVE_PROCESS
+    /// without MPS).
+    max_jobs: Vec<Option<usize>>,
+    /// The GPUs are simulated (`--gpu sim`).
+    simulated: bool,
     locked_until: Vec<f64>,
     engine: Admission,
     dir: PathBuf,
@@ -393,6 +398,11 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         live: BTreeMap::new(),
         windows: vec![GpuWindows::default(); gpus.len()],
         stale: vec![false; gpus.len()],
+        max_jobs: gpus
+            .iter()
+            .map(|g| g.collocation(mps.is_some()).max_jobs)
+            .collect(),
+        simulated,
         locked_until: vec![f64::NEG_INFINITY; gpus.len()],
         gpus,
         telemetry,
@@ -582,6 +592,9 @@ mod tests {
                 attempt: 1,
                 gpus: vec![0],
                 limit_mib: None,
+                estimate_mib: Some(1024),
+                exclusive: false,
+                until_measured: false,
             },
             Record::Started {
                 id: 4,
@@ -602,6 +615,9 @@ mod tests {
                 attempt: 1,
                 gpus: vec![0],
                 limit_mib: None,
+                estimate_mib: Some(1024),
+                exclusive: false,
+                until_measured: false,
             },
             Record::Started {
                 id: 2,
@@ -614,6 +630,9 @@ mod tests {
                 attempt: 1,
                 gpus: vec![0],
                 limit_mib: None,
+                estimate_mib: Some(1024),
+                exclusive: false,
+                until_measured: false,
             },
             Record::Started {
                 id: 3,
@@ -626,6 +645,9 @@ mod tests {
                 attempt: 1,
                 gpus: vec![0],
                 limit_mib: None,
+                estimate_mib: Some(1024),
+                exclusive: false,
+                until_measured: false,
             },
         ];
         {

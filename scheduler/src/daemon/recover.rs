@@ -96,6 +96,7 @@ impl Daemon {
                         .map(|a| a.gpus.clone())
                 {
                     l.seen_at = Some(now);
+                    l.peak_mib = Some(l.sim_load.mem_mib);
                     for g in gpus {
                         sim.place(g, id, l.sim_load);
                     }

@@ -24,6 +24,12 @@ pub(super) struct Attempt {
     pub pid: Option<u32>,
     /// MPS pinned-memory limit per GPU, MiB.
     pub limit_mib: Option<u64>,
+    /// The estimate it was placed with, MiB.
+    pub estimate_mib: u64,
+    /// Nobody joins it for as long as it runs.
+    pub exclusive: bool,
+    /// Nobody joins it until it is measured.
+    pub until_measured: bool,
 }
 
 /// Where a job stands in the fold.
@@ -181,6 +187,9 @@ impl Jobs {
                 attempt,
                 gpus,
                 limit_mib,
+                estimate_mib,
+                exclusive,
+                until_measured,
             } => {
                 self.queue.retain(|&q| q != id);
                 if let Some(job) = self.jobs.get_mut(&id) {
@@ -191,6 +200,10 @@ impl Jobs {
                         gpus: gpus.iter().map(|&g| g as usize).collect(),
                         pid: None,
                         limit_mib,
+                        estimate_mib: estimate_mib.unwrap_or(job.estimate.mib),
+                        // Journals from before placements were journaled: a retry ran alone.
+                        exclusive: exclusive || (estimate_mib.is_none() && job.exclusive),
+                        until_measured,
                     });
                 }
             }
@@ -218,8 +231,10 @@ impl Jobs {
                 job.peak_mib = job.peak_mib.max(Some(peak_mib));
                 // Measured alone, an out-of-memory retry may now take neighbours.
                 job.exclusive = false;
-                let family = job.family.clone();
-                self.learn_peak(&family, peak_mib);
+                self.families.observe(&job.family, peak_mib);
+                if let Some(declared) = job.spec.gpu_mem_mib {
+                    self.families.observe_declared(declared, peak_mib);
+                }
             }
             Record::Finished {
                 id,
@@ -240,8 +255,7 @@ impl Jobs {
                 });
                 // A run that ended well saw its whole peak.
                 if let (Outcome::Succeeded, Some(peak)) = (outcome, peak_mib) {
-                    let family = job.family.clone();
-                    self.learn_peak(&family, peak);
+                    self.families.observe(&job.family, peak);
                 }
             }
             Record::Requeued {
@@ -272,22 +286,14 @@ impl Jobs {
         }
     }
 
-    /// Records a family's peak and, when learning, gives it to the family's queued jobs
-    /// that only had a guess (an out-of-memory retry keeps its own: it runs alone to be
-    /// measured).
-    fn learn_peak(&mut self, family: &str, peak_mib: u64) {
-        self.families.observe(family, peak_mib);
-        if !self.learn {
-            return;
-        }
-        for id in &self.queue {
-            if let Some(job) = self.jobs.get_mut(id)
-                && job.family == family
-                && job.estimate.basis == Basis::Guess
-                && !job.exclusive
-            {
-                job.estimate = self.families.estimate(family, None, job.estimate.mib);
-            }
+    /// The estimate admission uses for queued `job` now: an out-of-memory retry's own
+    /// (from what its crashed attempt reached); otherwise, as for a new job, its declaration
+    /// (checked against measured peaks), else its family's measured peak, else `guess_mib`.
+    pub(super) fn current_estimate(&self, job: &Job, guess_mib: u64) -> Estimate {
+        if job.oom_retries > 0 {
+            job.estimate
+        } else {
+            self.estimate_for(&job.spec, guess_mib)
         }
     }
 }
@@ -335,6 +341,9 @@ mod tests {
             attempt,
             gpus: vec![0],
             limit_mib: None,
+            estimate_mib: Some(4096),
+            exclusive: false,
+            until_measured: true,
         }
     }
 
@@ -403,16 +412,16 @@ mod tests {
             ],
         );
         assert!(jobs.jobs[&1].measured);
-        let second = &jobs.jobs[&2];
-        assert_eq!(second.estimate.basis, Basis::Measured);
-        assert_eq!(second.estimate.mib, 13_200, "1.1 × the measured peak");
+        let second = jobs.current_estimate(&jobs.jobs[&2], 4096);
+        assert_eq!(second.basis, Basis::Measured);
+        assert_eq!(second.mib, 13_200, "1.1 × the measured peak");
         assert_eq!(
-            jobs.jobs[&3].estimate,
+            jobs.current_estimate(&jobs.jobs[&3], 4096),
             Estimate {
                 mib: 2000,
                 basis: Basis::Declared
             },
-            "a declared estimate is trusted"
+            "a declared estimate is trusted (no declaration measured yet)"
         );
         // Without learned estimates the guess stays a guess.
         let unlearned = Jobs::fold(
@@ -428,7 +437,10 @@ mod tests {
                 },
             ],
         );
-        assert_eq!(unlearned.jobs[&2].estimate.basis, Basis::Guess);
+        assert_eq!(
+            unlearned.current_estimate(&unlearned.jobs[&2], 4096).basis,
+            Basis::Guess
+        );
     }
 
     #[test]
@@ -461,9 +473,14 @@ mod tests {
         assert!(job.exclusive);
         assert_eq!(job.oom_retries, 1);
         assert_eq!(
-            jobs.jobs[&2].estimate.basis,
+            jobs.current_estimate(&jobs.jobs[&2], 4096).basis,
             Basis::Guess,
             "a crashed attempt's peak teaches the family nothing"
+        );
+        assert_eq!(
+            jobs.current_estimate(&jobs.jobs[&1], 4096).mib,
+            4290,
+            "a retry keeps its own estimate"
         );
         jobs.apply(starting(1, 2));
         jobs.apply(Record::Measured {
@@ -472,7 +489,7 @@ mod tests {
             peak_mib: 9000,
         });
         assert!(!jobs.jobs[&1].exclusive);
-        assert_eq!(jobs.jobs[&2].estimate.mib, 9900);
+        assert_eq!(jobs.current_estimate(&jobs.jobs[&2], 4096).mib, 9900);
     }
 
     #[test]
@@ -517,5 +534,57 @@ mod tests {
         assert_eq!(jobs.jobs[&2].state(), JobState::Cancelled);
         assert!(jobs.queue.is_empty());
         assert_eq!(jobs.families.peak("python train.py --lr *"), Some(7000));
+    }
+
+    #[test]
+    fn a_measured_job_that_declared_too_little_raises_what_later_declarations_count_for() {
+        let jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", Some(5000)), 5000),
+                submitted(2, spec("0.2", Some(5000)), 5000),
+                starting(1, 1),
+                Record::Measured {
+                    id: 1,
+                    attempt: 1,
+                    peak_mib: 10_000,
+                },
+            ],
+        );
+        let second = jobs.current_estimate(&jobs.jobs[&2], 4096);
+        assert_eq!(second.basis, Basis::Declared);
+        assert_eq!(
+            second.mib, 10_000,
+            "declared 5000, and declarations run 2× short"
+        );
+    }
+
+    #[test]
+    fn a_journal_from_before_placements_were_journaled_keeps_a_retry_alone() {
+        let jobs = Jobs::fold(
+            true,
+            [
+                submitted(1, spec("0.1", None), 4096),
+                Record::Requeued {
+                    id: 1,
+                    estimate_mib: 6144,
+                    basis: None,
+                    exclusive: true,
+                    out_of_memory: true,
+                },
+                Record::Starting {
+                    id: 1,
+                    attempt: 2,
+                    gpus: vec![0],
+                    limit_mib: None,
+                    estimate_mib: None,
+                    exclusive: false,
+                    until_measured: false,
+                },
+            ],
+        );
+        let attempt = jobs.jobs[&1].attempt().unwrap();
+        assert!(attempt.exclusive);
+        assert_eq!(attempt.estimate_mib, 6144);
     }
 }

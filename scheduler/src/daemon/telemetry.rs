@@ -1,7 +1,14 @@
 //! The GPUs as the daemon sees them: telemetry sampled at 1 Hz into windows, each job's
 //! memory read from the GPUs' process lists (its process group's, so a data-loader child
-//! counts), a job's peak **measured** once it has been seen on its GPUs for
-//! [`MEASURE_S`], and the [`GpuState`]s admission decides on.
+//! counts), a job's peak **measured** once it has been seen on its GPUs for the policy's
+//! `measure_s` with their telemetry windows full (journaled as `measured`: its family
+//! learns it, and a job placed alone until measured may take neighbours), and the
+//! [`GpuState`]s admission decides on (the fields and their meaning: the module docs of
+//! [`crate::policy`], "What the caller fills").
+//!
+//! A job that is never seen on its GPU (it has not created its CUDA context, or never
+//! will) is never measured: if it was placed alone until measured, its GPUs take no other
+//! job while it runs. That is the safe reading of a job nothing is known about.
 //!
 //! ## Settle on the process seen
 //! After a dispatch a GPU takes no further job until the new job's process is seen on it
@@ -13,17 +20,14 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 
+use crate::job::learned_estimate;
 use crate::journal::Record;
-use crate::policy::{GpuState, Pending};
+use crate::policy::{GpuState, Pending, windows_full};
 use crate::sys;
 use crate::telemetry::ProcessMemory;
 
 use super::launch::attempt_path;
 use super::{Daemon, SIM_MARKER};
-
-/// Seconds a job must have been seen on its GPUs before its peak counts as measured (its
-/// first iterations allocate most of what it will hold).
-pub const MEASURE_S: f64 = 60.0;
 
 /// Seconds a GPU stays settling after a new job's process is first seen on it.
 pub const SEEN_GRACE_S: f64 = 5.0;
@@ -127,17 +131,24 @@ impl Daemon {
         let _ = now;
     }
 
-    /// Journals the peak of every running attempt seen for [`MEASURE_S`] and not yet
-    /// measured: its family learns it, and an out-of-memory retry may take neighbours.
+    /// Journals the peak of every running attempt seen for the policy's `measure_s` with
+    /// its GPUs' windows full, and not yet measured.
     fn measure(&mut self, now: f64) {
+        let measure_s = self.engine.policy().measure_s;
         let due: Vec<Record> = self
             .jobs
             .running()
-            .filter(|(job, _)| !job.measured)
+            .filter(|(job, attempt)| {
+                !job.measured
+                    && attempt
+                        .gpus
+                        .iter()
+                        .all(|&g| self.windows.get(g).is_some_and(windows_full))
+            })
             .filter_map(|(job, attempt)| {
                 let live = self.live.get(&job.id)?;
                 let seen = live.seen_at?;
-                (now - seen >= MEASURE_S).then_some(Record::Measured {
+                (now - seen >= measure_s).then_some(Record::Measured {
                     id: job.id,
                     attempt: attempt.number,
                     peak_mib: live.peak_mib?,
@@ -176,7 +187,13 @@ impl Daemon {
             for (mem, sm) in text.lines().filter_map(parse_sim_marker) {
                 if let Some(mem) = mem {
                     run.sim_load.mem_mib = mem;
-                    run.peak_mib = run.peak_mib.max(Some(mem));
+                    // Its first report replaces the estimate it held until then.
+                    run.peak_mib = if run.reported {
+                        run.peak_mib.max(Some(mem))
+                    } else {
+                        Some(mem)
+                    };
+                    run.reported = true;
                 }
                 if let Some(sm) = sm {
                     run.sim_load.sm = sm;
@@ -196,32 +213,53 @@ impl Daemon {
         }
     }
 
-    /// The GPUs as admission sees them: telemetry, then the scheduler's own jobs.
+    /// Whether `pid`, a process on a GPU, is one of the scheduler's jobs (a member of a
+    /// running attempt's process group; on simulated GPUs a job shows as its id).
+    fn is_ours(&self, pid: u32) -> bool {
+        if self.simulated {
+            return self.jobs.running().any(|(job, _)| u64::from(pid) == job.id);
+        }
+        let Some(group) = sys::process_group(pid) else {
+            return false;
+        };
+        self.jobs.running().any(|(_, a)| a.pid == Some(group))
+    }
+
+    /// The GPUs as admission sees them: telemetry (windows, other users' processes, a
+    /// failed sample), then the scheduler's own jobs.
     fn gpu_states(&self) -> Vec<GpuState> {
-        let mut states: Vec<GpuState> = self
-            .gpus
-            .iter()
-            .zip(&self.windows)
-            .zip(&self.locked_until)
-            .zip(&self.stale)
-            .map(|(((info, windows), &locked_until), &stale)| {
-                let observed = GpuState::observed(info, windows);
-                GpuState {
-                    locked_until,
-                    unusable: observed.unusable || stale,
-                    ..observed
-                }
-            })
-            .collect();
+        let mut states: Vec<GpuState> = Vec::with_capacity(self.gpus.len());
+        for (g, (info, windows)) in self.gpus.iter().zip(&self.windows).enumerate() {
+            let mut state = GpuState::observed(info, windows);
+            state.locked_until = self.locked_until[g];
+            state.window_full = windows_full(windows);
+            state.unusable |= self.stale[g];
+            state.count_foreign(windows, |pid| self.is_ours(pid));
+            states.push(state);
+        }
         for (job, attempt) in self.jobs.running() {
+            let measured_peak = job
+                .measured
+                .then_some(job.peak_mib)
+                .flatten()
+                .map_or(0, learned_estimate);
             for &g in &attempt.gpus {
                 if let Some(s) = states.get_mut(g) {
                     s.jobs += 1;
                     // Saturating: a journal from before sizes were bounded may hold any u64.
-                    s.reserved_mib = s.reserved_mib.saturating_add(job.estimate.mib);
-                    s.exclusive_job |= job.exclusive;
+                    s.reserved_mib = s
+                        .reserved_mib
+                        .saturating_add(attempt.estimate_mib.max(measured_peak));
+                    s.exclusive_job |= attempt.exclusive;
+                    s.unmeasured_jobs += u32::from(attempt.until_measured && !job.measured);
                     s.feeds.extend(job.spec.feed.clone());
                 }
+            }
+        }
+        // A GPU in EXCLUSIVE_PROCESS mode without MPS runs one process: one job.
+        for (s, max_jobs) in states.iter_mut().zip(&self.max_jobs) {
+            if max_jobs.is_some_and(|m| s.jobs as usize >= m) {
+                s.exclusive_job = true;
             }
         }
         states
@@ -250,14 +288,17 @@ impl Daemon {
                 }
                 Some(_) => false, // held until cores free up
             })
-            .map(|j| Pending {
-                id: j.id,
-                estimate_mib: j.estimate.mib,
-                basis: j.estimate.basis,
-                family: j.family.clone(),
-                gpus: j.spec.gpus,
-                exclusive: j.exclusive,
-                feed: j.spec.feed.clone(),
+            .map(|j| {
+                let estimate = self.jobs.current_estimate(j, self.default_estimate_mib);
+                Pending {
+                    id: j.id,
+                    estimate_mib: estimate.mib,
+                    basis: estimate.basis,
+                    family: j.family.clone(),
+                    gpus: j.spec.gpus,
+                    exclusive: j.exclusive,
+                    feed: j.spec.feed.clone(),
+                }
             })
             .collect();
         let placements = self.engine.admit(now, &pending, &mut states);
@@ -265,7 +306,11 @@ impl Daemon {
             self.locked_until[i] = s.locked_until;
         }
         for p in placements {
-            self.launch(p.job, &p.gpus, p.mem_limit_mib);
+            let estimate_mib = pending
+                .iter()
+                .find(|q| q.id == p.job)
+                .map_or(self.default_estimate_mib, |q| q.estimate_mib);
+            self.launch(&p, estimate_mib);
         }
     }
 }
