@@ -208,6 +208,10 @@ pub struct GpuView {
     pub sm_activity: Option<f64>,
     /// The scheduler's jobs on it.
     pub jobs: u32,
+    /// Its telemetry windows hold a full 30 samples: until then (after a start or restart)
+    /// it takes no collocated job.
+    #[serde(default)]
+    pub window_full: bool,
 }
 
 /// One attempt's log files.

@@ -71,21 +71,15 @@ impl Live {
     }
 }
 
-/// The estimate of an out-of-memory retry: 1.1 × what the crashed attempt was seen using
-/// or was limited to, whichever is more, at most `cap_mib` (the largest GPU). Nothing seen
-/// and no limit: the old estimate (the retry runs alone, unlimited, and is measured there).
-/// A guess is never multiplied into a bigger guess.
-pub(super) fn retry_estimate(
-    estimate_mib: u64,
-    peak_mib: Option<u64>,
-    limit_mib: Option<u64>,
-    cap_mib: u64,
-) -> u64 {
-    match peak_mib.max(limit_mib) {
-        Some(seen) => job::learned_estimate(seen).min(cap_mib),
-        None => estimate_mib.min(cap_mib),
-    }
-    .max(1)
+/// The estimate of an out-of-memory retry: 1.1 × the most the crashed attempt was seen
+/// using, at most `cap_mib` (the largest GPU). Nothing seen: the old estimate (the retry
+/// runs alone, unlimited, and is measured there). A guess is never multiplied into a
+/// bigger guess.
+pub(super) fn retry_estimate(estimate_mib: u64, peak_mib: Option<u64>, cap_mib: u64) -> u64 {
+    peak_mib
+        .map_or(estimate_mib, job::learned_estimate)
+        .min(cap_mib)
+        .max(1)
 }
 
 pub(super) fn attempt_path(dir: &Path, id: JobId, attempt: u32, ext: &str) -> PathBuf {
@@ -317,7 +311,7 @@ impl Daemon {
                 (None, None) => "no memory seen".to_owned(),
             };
             if job.oom_retries < max_retries {
-                requeue = Some(retry_estimate(job.estimate.mib, peak_mib, limit_mib, cap));
+                requeue = Some(retry_estimate(job.estimate.mib, peak_mib, cap));
                 (
                     Outcome::OutOfMemory,
                     format!(
@@ -400,12 +394,10 @@ mod tests {
     #[test]
     fn an_out_of_memory_retry_is_estimated_from_what_was_seen_never_from_a_multiplied_guess() {
         // Seen 9000 MiB before the crash: 1.1 × that.
-        assert_eq!(retry_estimate(4096, Some(9000), None, 40_960), 9900);
-        // Limited at 6144 and seen less: the limit is what it hit.
-        assert_eq!(retry_estimate(4096, Some(5000), Some(6144), 40_960), 6759);
-        // Nothing seen, no limit: the old number, not 1.5 × a guess.
-        assert_eq!(retry_estimate(4096, None, None, 40_960), 4096);
+        assert_eq!(retry_estimate(4096, Some(9000), 40_960), 9900);
+        // Nothing seen: the old number, not 1.5 × a guess.
+        assert_eq!(retry_estimate(4096, None, 40_960), 4096);
         // Never past the largest GPU.
-        assert_eq!(retry_estimate(4096, Some(80_000), None, 40_960), 40_960);
+        assert_eq!(retry_estimate(4096, Some(80_000), 40_960), 40_960);
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::job::{JobId, JobSpec};
 use crate::journal::Record;
+use crate::policy::windows_full;
 use crate::protocol::{
     self, AttemptLogs, FeedSpec, GpuView, JobView, LOG_TAIL, ProtocolError, Request, Response,
 };
@@ -247,6 +248,7 @@ impl Daemon {
                         utilization: last.map_or(0.0, |s| s.utilization),
                         sm_activity: last.and_then(|s| s.sm_activity),
                         jobs: counts[i],
+                        window_full: windows_full(&self.windows[i]),
                     }
                 })
                 .collect(),
