@@ -277,7 +277,8 @@ impl Drop for Fixture {
 }
 
 /// `ladle sweep` of 32×32 crops of `data` in a 2 MiB ring, on 2 simulated GPUs, with a
-/// private scheduler under `out` and no settle time: what the tests that watch a sweep share.
+/// private scheduler under `out`, no settle time, a 100 ms telemetry tick (windows full in
+/// 3 s) and runs measured after 1 s: what the tests that watch a sweep share.
 /// Append the test's own options, then `--` and the run command.
 pub fn sim_sweep(data: &Path, out: &Path) -> Vec<String> {
     let (data, out) = (data.to_str().unwrap(), out.to_str().unwrap());
@@ -295,6 +296,10 @@ pub fn sim_sweep(data: &Path, out: &Path) -> Vec<String> {
         "2",
         "--settle-s",
         "0",
+        "--tick-ms",
+        "100",
+        "--measure-s",
+        "1",
         "--private-scheduler",
         "--out",
         out,
