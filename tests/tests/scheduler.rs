@@ -26,9 +26,7 @@ impl Scheduler {
     /// Returns once every GPU's telemetry window is full (no GPU takes a collocated job
     /// before), 3 s at the tests' 100 ms tick.
     fn start(gpus: u32, extra: &[&str]) -> Self {
-        let mut fx = Fixture::new();
-        let daemon = spawn_daemon(&mut fx, gpus, extra);
-        let mut s = Self { fx, daemon };
+        let mut s = Self::start_unchecked(gpus, extra);
         let deadline = Instant::now() + GUARD;
         loop {
             let q = s.queue();
@@ -40,6 +38,13 @@ impl Scheduler {
             std::thread::sleep(Duration::from_millis(100));
         }
         s
+    }
+
+    /// A daemon as [`Scheduler::start`] without waiting for its windows.
+    fn start_unchecked(gpus: u32, extra: &[&str]) -> Self {
+        let mut fx = Fixture::new();
+        let daemon = spawn_daemon(&mut fx, gpus, extra);
+        Self { fx, daemon }
     }
 
     fn dir(&self) -> PathBuf {
@@ -657,4 +662,78 @@ fn a_restarted_scheduler_learns_a_running_feed_again() {
         s.wait_for(id, &["succeeded", "failed"])["state"],
         "succeeded"
     );
+}
+
+/// A scenario file (`--sim-scenario`) in a directory of its own, kept while the test runs.
+fn scenario(json: &str) -> (Fixture, String) {
+    let fx = Fixture::new();
+    let path = fx.path().join("scenario.json");
+    std::fs::write(&path, json).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    (fx, path)
+}
+
+/// The GPUs job `id` runs on, once it runs.
+fn gpus_of(s: &mut Scheduler, id: u64) -> Value {
+    s.wait_for(id, &["running", "succeeded"])["gpus"].clone()
+}
+
+#[test]
+fn a_gpu_with_another_users_process_is_not_idle_and_its_memory_counts() {
+    // GPU 0 holds 30 GiB of an MPS client of someone else's, seen only through NVML's MPS
+    // process call: a 20 GiB job does not fit there, though the scheduler runs nothing on it.
+    let (_keep, path) = scenario(
+        r#"{"gpus": [{"gpu": 0, "foreign": [{"pid": 999999, "mem_mib": 30720, "mps_only": true}]}]}"#,
+    );
+    let mut s = Scheduler::start(2, &["--sim-scenario", &path]);
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let big = s.submit(&["--gpu-mem", "20GiB"], &hold);
+    assert_eq!(gpus_of(&mut s, big), serde_json::json!([1]));
+    std::fs::write(&release, "").unwrap();
+    s.wait_for(big, &["succeeded"]);
+}
+
+#[test]
+fn a_gpu_whose_process_query_fails_is_not_taken_for_idle() {
+    // NVML's MPS process call fails on GPU 0: its process list is unknown, not empty, so an
+    // idle-looking GPU 0 is not where a job that must run alone goes.
+    let (_keep, path) = scenario(r#"{"gpus": [{"gpu": 0, "failing": ["mps_processes"]}]}"#);
+    let mut s = Scheduler::start(2, &["--sim-scenario", &path]);
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let guess = s.submit(&[], &hold);
+    assert_eq!(gpus_of(&mut s, guess), serde_json::json!([1]));
+    std::fs::write(&release, "").unwrap();
+    s.wait_for(guess, &["succeeded"]);
+}
+
+#[test]
+fn a_gpu_whose_sample_fails_takes_no_job_until_it_answers() {
+    // Every memory query of GPU 0 fails: its last sample is stale, so it takes nothing.
+    let (_keep, path) = scenario(r#"{"gpus": [{"gpu": 0, "failing": ["memory_info"]}]}"#);
+    let mut s = Scheduler::start_unchecked(2, &["--sim-scenario", &path]);
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let a = s.submit(&["--gpu-mem", "1GiB"], &hold);
+    assert_eq!(gpus_of(&mut s, a), serde_json::json!([1]));
+    std::fs::write(&release, "").unwrap();
+    s.wait_for(a, &["succeeded"]);
+}
+
+#[test]
+fn a_gpu_in_exclusive_process_mode_without_mps_runs_one_job_at_a_time() {
+    let (_keep, path) = scenario(r#"{"gpus": [{"gpu": 0, "compute_mode": "exclusive_process"}]}"#);
+    let mut s = Scheduler::start(1, &["--sim-scenario", &path]);
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let first = s.submit(&["--gpu-mem", "1GiB"], &hold);
+    s.wait_for(first, &["running"]);
+    let second = s.submit(&["--gpu-mem", "1GiB"], "true");
+    // Twenty admission rounds at the tests' 100 ms tick: a 1 GiB job would have joined a
+    // GPU in the default mode long before.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(s.job(second)["state"], "queued");
+    std::fs::write(&release, "").unwrap();
+    s.wait_for(second, &["succeeded"]);
 }
