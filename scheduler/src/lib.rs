@@ -17,11 +17,25 @@
 //! - bottom, OS and devices: [`sys`] (`/proc`, process groups, peer uid, lock file),
 //!   [`telemetry::nvml`] (libnvidia-ml loaded at run time), [`mps`]
 //!   (`nvidia-cuda-mps-control`);
-//! - building blocks: [`telemetry`] (one trait, NVML and simulated backends), [`window`]
-//!   (30-sample windows, CARMA's risk score), [`policy`] (the admission engine, one for the
-//!   daemon and the simulator), [`job`], [`journal`], [`protocol`], [`units`];
-//! - on top: [`daemon`] (the Unix-socket service) and [`sim`] (trace replay and the
-//!   CARMA-like trace generator).
+//! - building blocks: [`telemetry`] (one trait; NVML with GPM or DCGM, and simulated
+//!   backends), [`window`] (30-sample windows, CARMA's risk score), [`estimate`] (where a
+//!   memory estimate comes from: declared, measured per family, or a guess that limits
+//!   nothing), [`policy`] (the admission engine, one for the daemon and the simulator),
+//!   [`job`], [`journal`], [`protocol`], [`units`];
+//! - on top: [`daemon`] (the Unix-socket service: its job state a pure fold of the journal,
+//!   `daemon::state`) and [`sim`] (trace replay and the CARMA-like trace generator).
+//!
+//! ## Measure, then pack
+//! A job that declares its memory (`--gpu-mem`) is trusted and may be limited to the room
+//! its GPU had for it. A job that declares nothing gets a guess, which reserves memory and
+//! limits nothing: it runs alone (no other job joins its GPU) until its peak has been seen
+//! for the policy's `measure_s` (30 s) with full telemetry windows; then its family (the
+//! same command up to its arguments' values, or `--family`) packs by the measured peak. An
+//! out-of-memory retry runs alone in the same way, with 1.1 × the peak its crashed attempt
+//! reached. A settle lock after a dispatch ends once the new job is seen on its GPU plus
+//! 5 s. No GPU takes a collocated job until its telemetry windows are full (30 s after the
+//! daemon starts), another user's process (an MPS client included) makes a GPU non-idle,
+//! and a GPU whose process list or sample is unknown is never taken for empty.
 //!
 //! ## Example: compare two policies on a generated trace
 //! ```
@@ -39,10 +53,12 @@
 //! ```
 //!
 //! ## What is real and what is simulated
-//! - NVML: memory, utilisation and per-process memory on every NVIDIA GPU; SM activity, SM
-//!   occupancy and DRAM bandwidth through GPM (nvml-wrapper's safe GPM API) on Hopper and
-//!   newer, `None` elsewhere (admission then uses utilisation and treats the unknowns as
-//!   high). No driver is [`telemetry::TelemetryError::NvmlUnavailable`], never a panic.
+//! - NVML: memory, utilisation, compute mode and per-process memory (compute and MPS
+//!   clients) on every NVIDIA GPU; SM activity, SM occupancy and DRAM bandwidth through GPM
+//!   (nvml-wrapper's safe GPM API) on Hopper and newer, through DCGM's profiling fields
+//!   (`dcgmi dmon`) where DCGM is installed, else none (the compute screen is then degraded:
+//!   utilisation only, unknowns counted as high, and the daemon says so). No driver is
+//!   [`telemetry::TelemetryError::NvmlUnavailable`], never a panic.
 //! - The simulated backend serves the tests, the daemon's `--gpu sim` mode and the
 //!   simulator; its model is in [`telemetry::sim`] and [`sim`].
 //! - MPS limits are set with `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in the `GPU-<uuid>=6144M`
@@ -65,8 +81,11 @@
 //!
 //! ## Logging
 //! `error`: the journal cannot be written (jobs are then refused). `warn`: recoveries after
-//! a crash, unsuitable GPUs, MPS unavailable, telemetry failures. `info`: jobs submitted,
-//! started and ended; the daemon starting and stopping. `debug`: rejected client frames.
+//! a crash, unsuitable GPUs, compute modes that forbid sharing, a degraded compute screen,
+//! MPS unavailable, telemetry failures. `info`: jobs submitted (with their estimate's
+//! basis), started, measured and ended, the evidence of an out-of-memory exit; each GPU's
+//! metric source; the daemon starting and stopping. `debug`: rejected client frames,
+//! telemetry gaps.
 
 pub mod daemon;
 pub mod estimate;

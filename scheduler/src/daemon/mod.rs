@@ -1,5 +1,5 @@
 //! The scheduler daemon: a Unix socket (mode 0600, peer uid checked) taking
-//! [`Request`]s, a journal, and a loop that samples telemetry at 1 Hz, reaps finished jobs
+//! [`crate::protocol::Request`]s, a journal, and a loop that samples telemetry at 1 Hz, reaps finished jobs
 //! and admits queued ones.
 //!
 //! ## Jobs as processes
@@ -25,13 +25,24 @@
 //!
 //! A job journaled as finished never runs again; a queued job stays queued.
 //!
+//! ## Estimates, measurement, settling
+//! A submission's estimate is declared, measured for its family, or a guess
+//! ([`crate::estimate`]); admission reads the current one every round (a family measured
+//! meanwhile, declarations checked against measured peaks). A running job is measured once
+//! seen on its GPUs for the policy's `measure_s` with full windows: the peak is journaled
+//! (`measured`), its family learns it, and a job placed alone until measured takes
+//! neighbours. An out-of-memory exit is retried at the head with 1.1 × the peak the attempt
+//! reached, alone until measured, at most `max_oom_retries` times; then it fails with a
+//! reason naming what was seen. The settle lock after a dispatch ends once the job's process
+//! is seen on its GPU plus [`SEEN_GRACE_S`] (at most the policy's `settle_s`).
+//!
 //! ## Layout
-//! - [`state`]: the jobs as a pure fold of journal records (no process, file or GPU);
-//! - [`server`]: the socket (bounded per-connection time, peer uid) and the requests;
-//! - [`recover`]: settling the attempts a previous daemon left open;
-//! - [`launch`]: starting attempts under the wrapper, reaping them, deciding what follows;
-//! - [`telemetry`]: sampling the GPUs, measuring jobs' peaks, the GPU state admission sees;
-//! - this module: configuration, the [`Daemon`] that owns all of it, and [`run`]'s loop.
+//! - `state`: the jobs as a pure fold of journal records (no process, file or GPU);
+//! - `server`: the socket (bounded per-connection time, peer uid) and the requests;
+//! - `recover`: settling the attempts a previous daemon left open;
+//! - `launch`: starting attempts under the wrapper, reaping them, deciding what follows;
+//! - `telemetry`: sampling the GPUs, measuring jobs' peaks, the GPU state admission sees;
+//! - this module: configuration, the `Daemon` that owns all of it, and [`run`]'s loop.
 
 mod launch;
 mod recover;
