@@ -39,6 +39,24 @@ pub struct JobSpec {
     pub family: Option<String>,
 }
 
+impl JobSpec {
+    /// `command` run in `cwd` on one GPU, nothing else stated (no memory, feed, cores or
+    /// family; the scheduler's environment only).
+    pub fn new(command: Vec<String>, cwd: PathBuf) -> Self {
+        Self {
+            command,
+            cwd,
+            gpu_mem_mib: None,
+            gpus: 1,
+            feed: None,
+            thread_percentage: None,
+            env: Vec::new(),
+            cpus: None,
+            family: None,
+        }
+    }
+}
+
 /// Where a job stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]

@@ -256,15 +256,8 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec {
-            command: vec!["true".to_owned()],
-            cwd: "/".into(),
             gpu_mem_mib: Some(100),
-            gpus: 1,
-            feed: None,
-            thread_percentage: None,
-            env: Vec::new(),
-            cpus: None,
-            family: None,
+            ..JobSpec::new(vec!["true".to_owned()], "/".into())
         }
     }
 

@@ -114,6 +114,18 @@ impl Daemon {
             .unwrap_or(u64::MAX)
     }
 
+    /// Journals that attempt `attempt` of job `id` runs as process (group) `pid`, with the
+    /// process's start time so that a recycled pid is never taken for it.
+    pub(super) fn note_started(&mut self, id: JobId, attempt: u32, pid: u32) {
+        let start_ticks = sys::start_ticks(pid).unwrap_or(0);
+        self.note(Record::Started {
+            id,
+            attempt,
+            pid,
+            start_ticks,
+        });
+    }
+
     /// Journals and starts the next attempt of the job `placement` places, with the
     /// estimate admission placed it by.
     pub(super) fn launch(&mut self, placement: &Placement, estimate_mib: u64) {
@@ -138,13 +150,7 @@ impl Daemon {
         match self.spawn(id, attempt, gpus, limit_mib) {
             Ok(child) => {
                 let pid = child.id();
-                let start_ticks = sys::start_ticks(pid).unwrap_or(0);
-                self.note(Record::Started {
-                    id,
-                    attempt,
-                    pid,
-                    start_ticks,
-                });
+                self.note_started(id, attempt, pid);
                 tracing::info!(
                     job = id,
                     attempt,

@@ -499,15 +499,11 @@ mod tests {
 
     fn spec(script: &str) -> JobSpec {
         JobSpec {
-            command: vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()],
-            cwd: "/".into(),
             gpu_mem_mib: Some(1024),
-            gpus: 1,
-            feed: None,
-            thread_percentage: None,
-            env: Vec::new(),
-            cpus: None,
-            family: None,
+            ..JobSpec::new(
+                vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()],
+                "/".into(),
+            )
         }
     }
 
@@ -542,6 +538,27 @@ mod tests {
         match protocol::request(&socket_path(dir), &Request::Queue, Duration::from_secs(30)) {
             Ok(Response::Queue { jobs, .. }) => jobs,
             other => panic!("{other:?}"),
+        }
+    }
+
+    fn starting(id: u64) -> Record {
+        Record::Starting {
+            id,
+            attempt: 1,
+            gpus: vec![0],
+            limit_mib: None,
+            estimate_mib: Some(1024),
+            exclusive: false,
+            until_measured: false,
+        }
+    }
+
+    fn started(id: u64, pid: u32) -> Record {
+        Record::Started {
+            id,
+            attempt: 1,
+            pid,
+            start_ticks: 1,
         }
     }
 
@@ -598,21 +615,8 @@ mod tests {
                 basis: Basis::Declared,
                 at: 0.0,
             },
-            Record::Starting {
-                id: 4,
-                attempt: 1,
-                gpus: vec![0],
-                limit_mib: None,
-                estimate_mib: Some(1024),
-                exclusive: false,
-                until_measured: false,
-            },
-            Record::Started {
-                id: 4,
-                attempt: 1,
-                pid: dead,
-                start_ticks: 1,
-            },
+            starting(4),
+            started(4, dead),
             Record::Finished {
                 id: 4,
                 attempt: 1,
@@ -621,45 +625,11 @@ mod tests {
                 peak_mib: None,
                 reason: String::new(),
             },
-            Record::Starting {
-                id: 2,
-                attempt: 1,
-                gpus: vec![0],
-                limit_mib: None,
-                estimate_mib: Some(1024),
-                exclusive: false,
-                until_measured: false,
-            },
-            Record::Started {
-                id: 2,
-                attempt: 1,
-                pid: dead,
-                start_ticks: 1,
-            },
-            Record::Starting {
-                id: 3,
-                attempt: 1,
-                gpus: vec![0],
-                limit_mib: None,
-                estimate_mib: Some(1024),
-                exclusive: false,
-                until_measured: false,
-            },
-            Record::Started {
-                id: 3,
-                attempt: 1,
-                pid: dead,
-                start_ticks: 1,
-            },
-            Record::Starting {
-                id: 1,
-                attempt: 1,
-                gpus: vec![0],
-                limit_mib: None,
-                estimate_mib: Some(1024),
-                exclusive: false,
-                until_measured: false,
-            },
+            starting(2),
+            started(2, dead),
+            starting(3),
+            started(3, dead),
+            starting(1),
         ];
         {
             let (mut journal, _) = Journal::open(&dir.join("journal.jsonl")).unwrap();

@@ -77,13 +77,7 @@ impl Daemon {
                     "adopting a job that outlived the previous daemon"
                 );
                 if journaled_pid.is_none() {
-                    let start_ticks = sys::start_ticks(pid).unwrap_or(0);
-                    self.note(Record::Started {
-                        id,
-                        attempt,
-                        pid,
-                        start_ticks,
-                    });
+                    self.note_started(id, attempt, pid);
                 }
                 let now = self.now();
                 if let Some(l) = self.live.get_mut(&id)

@@ -311,17 +311,13 @@ mod tests {
 
     fn spec(lr: &str, declared: Option<u64>) -> JobSpec {
         JobSpec {
-            command: ["python", "train.py", "--lr", lr]
-                .map(str::to_owned)
-                .to_vec(),
-            cwd: "/".into(),
             gpu_mem_mib: declared,
-            gpus: 1,
-            feed: None,
-            thread_percentage: None,
-            env: Vec::new(),
-            cpus: None,
-            family: None,
+            ..JobSpec::new(
+                ["python", "train.py", "--lr", lr]
+                    .map(str::to_owned)
+                    .to_vec(),
+                "/".into(),
+            )
         }
     }
 
@@ -344,6 +340,14 @@ mod tests {
             estimate_mib: Some(4096),
             exclusive: false,
             until_measured: true,
+        }
+    }
+
+    fn measured(id: JobId, attempt: u32, peak_mib: u64) -> Record {
+        Record::Measured {
+            id,
+            attempt,
+            peak_mib,
         }
     }
 
@@ -404,11 +408,7 @@ mod tests {
                 submitted(2, spec("0.01", None), 4096),
                 submitted(3, spec("0.001", Some(2000)), 2000),
                 starting(1, 1),
-                Record::Measured {
-                    id: 1,
-                    attempt: 1,
-                    peak_mib: 12_000,
-                },
+                measured(1, 1, 12_000),
             ],
         );
         assert!(jobs.jobs[&1].measured);
@@ -430,11 +430,7 @@ mod tests {
                 submitted(1, spec("0.1", None), 4096),
                 submitted(2, spec("0.01", None), 4096),
                 starting(1, 1),
-                Record::Measured {
-                    id: 1,
-                    attempt: 1,
-                    peak_mib: 12_000,
-                },
+                measured(1, 1, 12_000),
             ],
         );
         assert_eq!(
@@ -483,11 +479,7 @@ mod tests {
             "a retry keeps its own estimate"
         );
         jobs.apply(starting(1, 2));
-        jobs.apply(Record::Measured {
-            id: 1,
-            attempt: 2,
-            peak_mib: 9000,
-        });
+        jobs.apply(measured(1, 2, 9000));
         assert!(!jobs.jobs[&1].exclusive);
         assert_eq!(jobs.current_estimate(&jobs.jobs[&2], 4096).mib, 9900);
     }
@@ -496,11 +488,7 @@ mod tests {
     fn records_about_unknown_jobs_or_other_attempts_change_nothing() {
         let before = Jobs::fold(true, [submitted(1, spec("0.1", None), 4096)]);
         let mut after = before.clone();
-        after.apply(Record::Measured {
-            id: 1,
-            attempt: 1,
-            peak_mib: 5,
-        });
+        after.apply(measured(1, 1, 5));
         after.apply(Record::Started {
             id: 7,
             attempt: 1,
@@ -544,11 +532,7 @@ mod tests {
                 submitted(1, spec("0.1", Some(5000)), 5000),
                 submitted(2, spec("0.2", Some(5000)), 5000),
                 starting(1, 1),
-                Record::Measured {
-                    id: 1,
-                    attempt: 1,
-                    peak_mib: 10_000,
-                },
+                measured(1, 1, 10_000),
             ],
         );
         let second = jobs.current_estimate(&jobs.jobs[&2], 4096);
