@@ -40,7 +40,14 @@
 //!     is waiting for (chosen when it is first blocked and kept until it starts: the ones
 //!     with the most free memory, or for a job that must run alone the idle or least loaded
 //!     ones), at most [`Policy::max_bypass`] times per head and for at most
-//!     [`Policy::max_bypass_s`] seconds, so the head cannot starve;
+//!     [`Policy::max_bypass_s`] seconds, so the head cannot starve. A held GPU that is
+//!     idle may still take one backfilled job at a time if the job leaves room for the
+//!     head, `free − reserve ≥ (estimate + margin) + (head's estimate + margin)`
+//!     ([`Policy::backfill_idle_held`]; never for a head that must run alone). A two-GPU
+//!     head often holds an idle GPU for as long as it waits for its other one; filling it
+//!     costs the head no memory, and keeps backfill off the GPUs of the jobs the head waits
+//!     for, which it would slow. (Its SM load may still fail the head's compute screen there
+//!     until it ends; such jobs count against the bypass limits like any other);
 //!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
 //!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
 //!     the ordering.
@@ -189,6 +196,12 @@ pub struct Policy {
     /// backfill). Chosen afresh in every round they move, and backfill fills them all.
     #[serde(default = "yes")]
     pub sticky_hold: bool,
+    /// A GPU held for a blocked head may still take a backfilled job while it is idle, if
+    /// the job leaves room for the head (`free − reserve ≥ (estimate + margin) + (head's
+    /// estimate + margin)`) and the head does not need to run alone (`ladle`; see the module
+    /// docs).
+    #[serde(default = "yes")]
+    pub backfill_idle_held: bool,
 }
 
 fn yes() -> bool {
@@ -287,6 +300,7 @@ impl Policy {
             measure_s: Self::MEASURE_S,
             max_bypass_s: f64::INFINITY,
             sticky_hold: false,
+            backfill_idle_held: false,
         }
     }
 
@@ -316,6 +330,7 @@ impl Policy {
             feed_affinity: true,
             measure_then_pack: true,
             sticky_hold: true,
+            backfill_idle_held: true,
             margin_mib: 1024,
             ..Self::carma(GpuOrdering::LeastUtilized)
         }
@@ -480,6 +495,14 @@ struct Head {
     held: BTreeSet<usize>,
 }
 
+/// What backfill must respect while the head is blocked: the GPUs it waits for, and the
+/// room it needs on each (estimate plus margin; `None` for a head that must run alone).
+#[derive(Debug, Clone, PartialEq)]
+struct Hold {
+    gpus: BTreeSet<usize>,
+    need_mib: Option<u64>,
+}
+
 /// The admission engine: a policy and the little state it keeps between rounds (how often
 /// and since when the current head has been passed by backfill).
 #[derive(Debug, Clone)]
@@ -503,7 +526,7 @@ impl Admission {
     /// had started (jobs, reservations, settle locks, feeds, exclusivity).
     pub fn admit(&mut self, now: f64, queue: &[Pending], gpus: &mut [GpuState]) -> Vec<Placement> {
         let mut placed = Vec::new();
-        let mut blocked: Option<BTreeSet<usize>> = None;
+        let mut blocked: Option<Hold> = None;
         for job in queue {
             if blocked.is_some() {
                 let Some(head) = &self.head else { break };
@@ -538,7 +561,11 @@ impl Admission {
                             held: held.clone(),
                         });
                     }
-                    blocked = Some(held);
+                    blocked = Some(Hold {
+                        gpus: held,
+                        need_mib: (!self.runs_alone(job))
+                            .then(|| job.estimate_mib.saturating_add(self.policy.margin_mib)),
+                    });
                 }
                 None => {}
             }
@@ -596,7 +623,7 @@ impl Admission {
         now: f64,
         job: &Pending,
         gpus: &[GpuState],
-        avoid: Option<&BTreeSet<usize>>,
+        avoid: Option<&Hold>,
     ) -> Option<Placement> {
         let want = job.gpus.max(1) as usize;
         let open = |i: usize| {
@@ -605,7 +632,9 @@ impl Admission {
                 && !g.exclusive_job
                 && g.unmeasured_jobs == 0
                 && g.jobs < self.policy.max_clients
-                && avoid.is_none_or(|a| !a.contains(&i))
+                && avoid.is_none_or(|hold| {
+                    !hold.gpus.contains(&i) || self.leaves_room_for_head(job, g, hold)
+                })
         };
         // The idle-GPU path screens memory too: a job goes to an idle GPU only if its
         // estimate (at most all of the GPU but the reserve) fits what the GPU shows free.
@@ -668,6 +697,24 @@ impl Admission {
             until_measured: alone && !exclusive,
             mem_limit_mib,
         })
+    }
+
+    /// Whether backfilling `job` onto GPU `g`, held for a blocked head, costs the head
+    /// nothing it could wait for: the GPU is idle (its SM time is going unused while the head
+    /// waits for its other GPUs, or for memory elsewhere), and after `job` (estimate plus
+    /// margin) it still has room for the head (estimate plus margin). Never for a head that
+    /// must run alone: it needs the GPU idle.
+    fn leaves_room_for_head(&self, job: &Pending, g: &GpuState, hold: &Hold) -> bool {
+        let Some(need_mib) = hold.need_mib else {
+            return false;
+        };
+        self.policy.backfill_idle_held
+            && Self::idle(g)
+            && self.free_mib(g).saturating_sub(self.policy.reserve_mib)
+                >= job
+                    .estimate_mib
+                    .saturating_add(self.policy.margin_mib)
+                    .saturating_add(need_mib)
     }
 
     /// The MPS limit of `job` on GPU `g`, MiB: the room the GPU has for it without touching
@@ -1139,6 +1186,50 @@ mod tests {
         let placed = engine.admit(200.0, &queue, &mut later);
         assert_eq!(placed[0].job, 2);
         assert_eq!(placed[0].gpus, vec![0], "GPU 1 stays held for the head");
+    }
+
+    #[test]
+    fn an_idle_held_gpu_takes_a_backfill_that_leaves_room_for_the_head() {
+        // A two-GPU job uses 17 GiB on GPUs 0 and 2; GPU 1 is idle. A two-GPU 26 GiB head
+        // fits beside it nowhere: it holds GPU 1 (most free) and GPU 0.
+        let mut g = gpus(3);
+        busy(&mut g[0], 17, 0.6);
+        busy(&mut g[2], 17, 0.6);
+        let wide = |id, gib| Pending {
+            gpus: 2,
+            ..job(id, gib)
+        };
+        // 10 GiB + 1 + 26 GiB + 1 ≤ 40 GiB − 0.5: the idle held GPU takes it.
+        let queue = [wide(1, 26), job(2, 10), job(3, 10)];
+        let mut engine = Admission::new(Policy::named("ladle").unwrap());
+        let placed = engine.admit(100.0, &queue, &mut g);
+        assert_eq!((placed[0].job, &placed[0].gpus), (2, &vec![1]));
+        // No longer idle: the next one goes to the GPU that is not held.
+        assert_eq!((placed[1].job, &placed[1].gpus), (3, &vec![2]));
+        // 13 GiB would leave the head too little: not on the held GPU.
+        let mut g = gpus(3);
+        busy(&mut g[0], 17, 0.6);
+        busy(&mut g[2], 17, 0.6);
+        let placed = admit("ladle", &[wide(1, 26), job(2, 13)], &mut g);
+        assert_eq!(placed[0].gpus, vec![2]);
+        // A head that must run alone needs its GPUs idle: nothing goes there.
+        let mut g = gpus(3);
+        busy(&mut g[0], 17, 0.6);
+        busy(&mut g[2], 17, 0.6);
+        let retry = Pending {
+            exclusive: true,
+            ..wide(1, 4)
+        };
+        let placed = admit("ladle", &[retry, job(2, 1)], &mut g);
+        assert_eq!(placed[0].gpus, vec![2]);
+        // Without the rule (or under CARMA's rules, which do not backfill) it stays empty.
+        let mut policy = Policy::named("ladle").unwrap();
+        policy.backfill_idle_held = false;
+        let mut g = gpus(3);
+        busy(&mut g[0], 17, 0.6);
+        busy(&mut g[2], 17, 0.6);
+        let placed = Admission::new(policy).admit(100.0, &[wide(1, 26), job(2, 10)], &mut g);
+        assert_eq!(placed[0].gpus, vec![2]);
     }
 
     #[test]
