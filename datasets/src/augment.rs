@@ -111,7 +111,7 @@ pub struct Crop {
 
 /// torchvision's `RandomResizedCrop.get_params`, draw for draw: ten tries at a random area and
 /// log-uniform aspect ratio, then a fallback center crop clamped to the ratio range.
-fn random_resized_crop(
+pub(crate) fn random_resized_crop(
     rng: &mut SampleRng,
     width: u32,
     height: u32,

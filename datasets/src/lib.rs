@@ -89,6 +89,7 @@ pub mod pipeline;
 pub mod rng;
 pub mod sampler;
 pub mod synth;
+pub mod transforms;
 pub mod wds;
 
 pub use dataset::{Dataset, Format, RecordData, detect, open};
