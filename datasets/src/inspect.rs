@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::augment::Augment;
+use crate::transforms::Transforms;
 use crate::dataset::{Dataset, Format};
 use crate::error::PipelineError;
 use crate::pipeline::{SampleProcessor, for_each_parallel};
@@ -71,7 +71,7 @@ pub fn inspect(
     for_each_parallel(
         0..dataset.len(),
         threads,
-        || SampleProcessor::new(Augment::eval(1), 0),
+        || SampleProcessor::new(Transforms::eval(1), 0),
         |processor, index| {
             let outcome = dataset
                 .label(index)
