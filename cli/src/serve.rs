@@ -246,3 +246,42 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     crate::records::Record::print(&summary)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(spec: &str) -> String {
+        transform_key(&ProducerConfig {
+            augment: Transforms::parse(spec).unwrap(),
+            ..ProducerConfig::default()
+        })
+    }
+
+    #[test]
+    fn the_transform_key_is_equal_for_equal_pipelines_however_written_and_differs_otherwise() {
+        let calls = key("RandomCrop(32, padding=4), RandomHorizontalFlip()");
+        assert_eq!(
+            calls,
+            key(r#"[{"name":"RandomCrop","size":32,"padding":4},{"name":"RandomHorizontalFlip"}]"#)
+        );
+        assert_eq!(
+            calls,
+            key("RandomCrop(size=(32, 32), padding=(4, 4, 4, 4)), RandomHorizontalFlip(p=0.5)")
+        );
+        assert!(
+            calls.contains("RandomCrop(size=(32, 32), padding=(4, 4, 4, 4)"),
+            "{calls}"
+        );
+        assert!(calls.contains("RandomHorizontalFlip(p=0.5)"), "{calls}");
+        assert_ne!(
+            calls,
+            key("RandomCrop(32, padding=4), RandomHorizontalFlip(0.4)")
+        );
+        assert_ne!(calls, key("RandomCrop(32, padding=4)"));
+        assert_eq!(
+            key("RandomResizedCrop(224), RandomHorizontalFlip()"),
+            transform_key(&ProducerConfig::default())
+        );
+    }
+}

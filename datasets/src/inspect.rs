@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::transforms::Transforms;
 use crate::dataset::{Dataset, Format};
 use crate::error::PipelineError;
 use crate::pipeline::{SampleProcessor, for_each_parallel};
+use crate::transforms::Transforms;
 
 /// One sample that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
