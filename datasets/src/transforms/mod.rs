@@ -311,7 +311,9 @@ pub(crate) fn resized_dims(width: u32, height: u32, size: u32) -> (u32, u32) {
     } else {
         (height, width)
     };
-    let new_long = (u64::from(size) * u64::from(long) / u64::from(short.max(1))) as u32;
+    // Saturates rather than wraps: an absurd size is then rejected as too large.
+    let new_long = (u64::from(size) * u64::from(long) / u64::from(short.max(1)))
+        .min(u64::from(u32::MAX)) as u32;
     if width <= height {
         (size, new_long.max(1))
     } else {
