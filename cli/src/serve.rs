@@ -57,7 +57,7 @@ pub(crate) struct FeedOptions {
     /// '[{"name":"RandomCrop","size":32,"padding":4},{"name":"RandomHorizontalFlip"}]'.
     /// Supported: RandomResizedCrop, RandomCrop (padding_mode constant|edge|reflect|symmetric),
     /// Resize, CenterCrop, RandomHorizontalFlip, RandomVerticalFlip, ColorJitter,
-    /// RandomGrayscale. It must end in a fixed square size, which sets the image size.
+    /// RandomGrayscale, TrivialAugmentWide. It must end in a fixed square size, which sets the image size.
     #[arg(long, value_name = "SPEC", conflicts_with_all = ["eval", "image_size"])]
     transform: Option<String>,
     /// Stop at the first undecodable sample instead of delivering it as a zero image with

@@ -98,6 +98,7 @@ pub struct Transformer {
     resizer: Resizer,
     bufs: [Vec<u8>; 2],
     cols: Vec<Option<usize>>,
+    tmp: Vec<u8>,
 }
 
 impl std::fmt::Debug for Transformer {
@@ -136,6 +137,7 @@ fn name(t: &Transform) -> &'static str {
         Transform::RandomVerticalFlip { .. } => "RandomVerticalFlip",
         Transform::ColorJitter { .. } => "ColorJitter",
         Transform::RandomGrayscale { .. } => "RandomGrayscale",
+        Transform::TrivialAugmentWide { .. } => "TrivialAugmentWide",
     }
 }
 
@@ -148,6 +150,7 @@ impl Transformer {
             resizer: Resizer::new(),
             bufs: [Vec::new(), Vec::new()],
             cols: Vec::new(),
+            tmp: Vec::new(),
         }
     }
 
@@ -158,11 +161,12 @@ impl Transformer {
 
     /// Addresses and capacities of the scratch buffers, to check that they are reused.
     #[cfg(test)]
-    pub(super) fn scratch(&self) -> [(usize, usize); 3] {
+    pub(super) fn scratch(&self) -> [(usize, usize); 4] {
         [
             (self.bufs[0].as_ptr() as usize, self.bufs[0].capacity()),
             (self.bufs[1].as_ptr() as usize, self.bufs[1].capacity()),
             (self.cols.as_ptr() as usize, self.cols.capacity()),
+            (self.tmp.as_ptr() as usize, self.tmp.capacity()),
         ]
     }
 
@@ -199,6 +203,7 @@ impl Transformer {
             resizer,
             bufs,
             cols,
+            tmp,
         } = self;
         let list = transforms.list();
         let (mut w, mut h) = (iw, ih);
@@ -218,7 +223,7 @@ impl Transformer {
                     Loc::Out => &mut out[..],
                     _ => &mut bufs[0][..n],
                 };
-                pixel_op(t, &mut rng, px, w as usize)?;
+                pixel_op(t, &mut rng, px, w as usize, tmp)?;
                 i += 1;
                 continue;
             }
@@ -531,8 +536,13 @@ fn pixel_op(
     rng: &mut SampleRng,
     px: &mut [u8],
     width: usize,
+    tmp: &mut Vec<u8>,
 ) -> Result<(), AugmentError> {
     match *t {
+        Transform::TrivialAugmentWide {
+            num_magnitude_bins,
+            fill,
+        } => super::trivial::apply(rng, px, width, num_magnitude_bins, fill, tmp),
         Transform::RandomHorizontalFlip { p } => {
             if rng.next_f64() < p {
                 flip_horizontal(px, width);

@@ -38,6 +38,7 @@
 //! | [`RandomVerticalFlip`](https://pytorch.org/vision/stable/generated/torchvision.transforms.RandomVerticalFlip.html) | `p=0.5` |
 //! | [`ColorJitter`](https://pytorch.org/vision/stable/generated/torchvision.transforms.ColorJitter.html) | `brightness=0, contrast=0, saturation=0, hue=0` |
 //! | [`RandomGrayscale`](https://pytorch.org/vision/stable/generated/torchvision.transforms.RandomGrayscale.html) | `p=0.1` |
+//! | [`TrivialAugmentWide`](https://pytorch.org/vision/stable/generated/torchvision.transforms.TrivialAugmentWide.html) | `num_magnitude_bins=31, fill=None` (nearest interpolation) |
 //!
 //! # Semantics and where ladle differs
 //!
@@ -61,18 +62,24 @@
 //! - Grayscale (`RandomGrayscale` and the contrast/saturation references) uses the weights
 //!   0.299/0.587/0.114 in 16-bit fixed point with rounding (PIL's `convert("L")`, which gray
 //!   pixels survive unchanged), not the tensor path's truncated 0.2989.
+//! - `TrivialAugmentWide` draws the operation, then the bin, then the sign, as torchvision's
+//!   `forward`, and follows torchvision's u8 tensor implementation of each of its fourteen
+//!   operations (affine ops by nearest sampling in f32 as `grid_sample`, sharpness's rounded
+//!   3×3 smoothing, per-channel autocontrast and equalize); it was written from torchvision's
+//!   source and checked by hand-computed cases, not compared with torch's output.
 //! - The pipeline must end in a fixed, square output size, the ring's slot: a spec whose
 //!   output depends on the input image (only `Resize(256)`) or is not square is an error.
 //!
 //! Not supported: `interpolation`, `antialias` and `max_size` (always bilinear, antialiased),
 //! `Normalize`/`ToTensor` (consumers receive u8 HWC and normalize on the GPU),
-//! `TrivialAugmentWide`, `RandAugment`, `AutoAugment`, `RandomRotation`, `RandomAffine`,
+//! `RandAugment`, `AutoAugment`, `AugMix`, `RandomRotation`, `RandomAffine`,
 //! `GaussianBlur`, `RandomErasing`, `RandomApply`/`RandomChoice`, non-square outputs.
 
 mod apply;
 mod parse;
 #[cfg(test)]
 mod tests;
+mod trivial;
 
 use std::fmt;
 
@@ -266,10 +273,17 @@ pub enum Transform {
         /// Probability of converting to (3-channel) grayscale.
         p: f64,
     },
+    /// torchvision `TrivialAugmentWide(num_magnitude_bins, interpolation=NEAREST, fill)`.
+    TrivialAugmentWide {
+        /// Number of magnitude bins (at least 2).
+        num_magnitude_bins: u32,
+        /// RGB fill of the area geometric operations uncover.
+        fill: [u8; 3],
+    },
 }
 
 const KNOWN: &str = "RandomResizedCrop, RandomCrop, Resize, CenterCrop, RandomHorizontalFlip, \
-                     RandomVerticalFlip, ColorJitter, RandomGrayscale";
+                     RandomVerticalFlip, ColorJitter, RandomGrayscale, TrivialAugmentWide";
 
 impl Transform {
     /// The output `(height, width)` for an input of `dims`, when it does not depend on the
@@ -494,6 +508,14 @@ impl fmt::Display for Transform {
                 Range(*hue, 0.0)
             ),
             Self::RandomGrayscale { p } => write!(f, "RandomGrayscale(p={p:?})"),
+            Self::TrivialAugmentWide {
+                num_magnitude_bins,
+                fill,
+            } => write!(
+                f,
+                "TrivialAugmentWide(num_magnitude_bins={num_magnitude_bins}, fill=({}, {}, {}))",
+                fill[0], fill[1], fill[2]
+            ),
         }
     }
 }
@@ -550,7 +572,7 @@ impl Args {
                     return Err(TransformError::Unsupported {
                         transform,
                         argument: key,
-                        why: "ladle always resamples bilinearly with antialiasing",
+                        why: "ladle resamples bilinearly with antialiasing, TrivialAugmentWide by nearest",
                     });
                 }
                 return Err(TransformError::UnknownArgument {
@@ -806,6 +828,7 @@ fn bind(call: Call) -> Result<Transform, TransformError> {
             &["brightness", "contrast", "saturation", "hue"],
         ),
         "RandomGrayscale" => ("RandomGrayscale", &["p"]),
+        "TrivialAugmentWide" => ("TrivialAugmentWide", &["num_magnitude_bins", "fill"]),
         _ => {
             return Err(TransformError::UnknownTransform {
                 name: call.name,
@@ -857,6 +880,16 @@ fn bind(call: Call) -> Result<Transform, TransformError> {
         },
         "RandomGrayscale" => Transform::RandomGrayscale {
             p: args.probability(0.1)?,
+        },
+        "TrivialAugmentWide" => Transform::TrivialAugmentWide {
+            num_magnitude_bins: match args.get("num_magnitude_bins") {
+                None => 31,
+                Some(Value::Int(n)) if (2..=1024).contains(n) => *n as u32,
+                Some(_) => {
+                    return Err(args.bad("num_magnitude_bins", "must be an integer in 2..=1024"));
+                }
+            },
+            fill: args.fill()?,
         },
         _ => Transform::ColorJitter {
             brightness: args.jitter("brightness", 1.0, (0.0, f64::INFINITY), true)?,

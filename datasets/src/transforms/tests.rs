@@ -106,6 +106,7 @@ fn the_call_syntax_and_json_give_the_same_pipeline_and_the_display_parses_back()
          ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale(), RandomVerticalFlip(p=0.25)",
         "Resize((40, 50)), CenterCrop(32), ColorJitter(hue=(-0.2, 0.1)),",
         "RandomCrop(8, (1, 2), True, (1, 2, 3), 'reflect')",
+        "CenterCrop(8), TrivialAugmentWide(7, fill=3)",
         "RandomCrop(8, padding=(1, 2, 3, 4), padding_mode=\"symmetric\", fill=7)",
     ] {
         let t = Transforms::parse(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
@@ -160,6 +161,14 @@ fn bad_specs_are_errors_naming_the_transform_and_the_argument() {
         (
             "RandomCrop(32, paddin=4)",
             "RandomCrop: unknown argument \"paddin\"",
+        ),
+        (
+            "CenterCrop(8), TrivialAugmentWide(1)",
+            "TrivialAugmentWide: num_magnitude_bins must be",
+        ),
+        (
+            "CenterCrop(8), TrivialAugmentWide(interpolation=0)",
+            "is not supported",
         ),
         (
             "RandomCrop(size='32')",
@@ -519,7 +528,8 @@ fn output_sizes_are_inferred_through_the_pipeline() {
 #[test]
 fn transformers_reuse_their_buffers_after_the_first_sample() {
     let spec = "RandomCrop(24, padding=4, padding_mode='reflect'), ColorJitter(0.4, 0.4, 0.4, 0.1), \
-                RandomResizedCrop(16), RandomGrayscale(0.5), RandomVerticalFlip()";
+                RandomResizedCrop(16), RandomGrayscale(0.5), RandomVerticalFlip(), \
+                TrivialAugmentWide(fill=(1, 2, 3))";
     let t = Transforms::parse(spec).unwrap();
     let mut tr = Transformer::new(t.clone());
     let pixels = pattern(40, 30);
@@ -665,4 +675,30 @@ fn golden_outputs_are_pinned() {
         }
     }
     assert!(wrong.is_empty(), "changed outputs:\n{}", wrong.join("\n"));
+}
+
+/// `TrivialAugmentWide` over 128 samples (every one of its fourteen operations is drawn),
+/// pinned like the others.
+#[test]
+fn trivial_augment_wide_outputs_are_pinned_and_every_operation_runs() {
+    let pixels = pattern(61, 47);
+    let spec = "CenterCrop(40), TrivialAugmentWide(fill=(9, 8, 7))";
+    let mut identical = 0;
+    let hashes: Vec<u8> = (0..128)
+        .flat_map(|index| {
+            let out = run(spec, &pixels, 61, 47, 99, index);
+            let same = run("CenterCrop(40)", &pixels, 61, 47, 99, index);
+            identical += usize::from(out == same);
+            fnv(&out).to_le_bytes()
+        })
+        .collect();
+    // Identity, and small magnitudes of a few operations, leave the image as it was.
+    assert!(identical < 40, "{identical} of 128 unchanged");
+    let got = fnv(&hashes);
+    assert_eq!(got, 0x2ea0_6f35_c9f3_a06d, "changed output: {got:#018x}");
+    // The first draw of each sample picks the operation (CenterCrop draws nothing).
+    let ops: std::collections::BTreeSet<u64> = (0..128)
+        .map(|index| SampleRng::new(Stream::Augment, 99, 0, index).below(14))
+        .collect();
+    assert_eq!(ops.len(), 14, "{ops:?}");
 }
