@@ -33,14 +33,14 @@ fn run(pipeline: &Pipeline, ds: &dyn Dataset, sink: &SlotBuffer, epoch: u64) -> 
 fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let ds = dataset(dir.path(), Format::ImageFolder, IMAGES);
-    let augment = Augment::train(224);
+    let augment = Transforms::train(224);
     let sink = SlotBuffer::new(64, augment.output_len());
     let pipelines: Vec<(usize, Pipeline)> = [1, 2]
         .into_iter()
         .map(|threads| {
             let p = PipelineConfig {
                 threads,
-                augment,
+                augment: augment.clone(),
                 ..Default::default()
             }
             .build();

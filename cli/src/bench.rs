@@ -127,7 +127,8 @@ pub(crate) fn run_for(
 fn private(args: &PrivateArgs) -> anyhow::Result<()> {
     let dataset = ladle_datasets::open(&args.dataset)
         .with_context(|| format!("cannot read dataset {}", args.dataset.display()))?;
-    let augment = Augment::train(args.image_size);
+    let augment = Transforms::train(args.image_size);
+    let output_len = augment.output_len();
     let pipeline = PipelineConfig {
         threads: args.threads,
         augment,
@@ -136,7 +137,7 @@ fn private(args: &PrivateArgs) -> anyhow::Result<()> {
     }
     .build()?;
     // A batch's worth of output buffers, reused: what a DataLoader's batch would hold.
-    let sink = SlotBuffer::new(args.batch_size.max(1) as usize, augment.output_len());
+    let sink = SlotBuffer::new(args.batch_size.max(1) as usize, output_len);
     let run = run_for(dataset.as_ref(), &pipeline, &sink, args.seed, args.seconds)?;
     let rate = run.samples as f64 / run.seconds.max(f64::EPSILON);
     if args.json {

@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use clap::Args;
 use ladle_datasets::BadSamplePolicy;
-use ladle_datasets::augment::Augment;
 use ladle_datasets::pipeline::default_threads;
+use ladle_datasets::transforms::Transforms;
 use ladle_producer::{Producer, ProducerConfig};
 
 #[derive(Debug, Args)]
@@ -39,7 +39,7 @@ pub(crate) struct FeedOptions {
     /// is half the samples it holds.
     #[arg(long, default_value_t = 256)]
     ring_mib: u64,
-    /// Side of the square training crops, in pixels.
+    /// Side of the square output images, in pixels (with --transform, the spec's output size).
     #[arg(long, default_value_t = 224)]
     image_size: u32,
     /// Decode threads (default: all cores).
@@ -48,9 +48,18 @@ pub(crate) struct FeedOptions {
     /// Seed of the epoch permutations and the augmentation.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Use the evaluation transform (resize + center crop) instead of training augmentation.
+    /// Use the evaluation transform, `Resize(SIZE*256/224), CenterCrop(SIZE)`, instead of the
+    /// default `RandomResizedCrop(SIZE), RandomHorizontalFlip()`.
     #[arg(long)]
     eval: bool,
+    /// The transform pipeline, with torchvision's names, arguments and defaults, e.g.
+    /// 'RandomCrop(32, padding=4), RandomHorizontalFlip()' or the JSON list
+    /// '[{"name":"RandomCrop","size":32,"padding":4},{"name":"RandomHorizontalFlip"}]'.
+    /// Supported: RandomResizedCrop, RandomCrop (padding_mode constant|edge|reflect|symmetric),
+    /// Resize, CenterCrop, RandomHorizontalFlip, RandomVerticalFlip, ColorJitter,
+    /// RandomGrayscale, TrivialAugmentWide. It must end in a fixed square size, which sets the image size.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["eval", "image_size"])]
+    transform: Option<String>,
     /// Stop at the first undecodable sample instead of delivering it as a zero image with
     /// label -1.
     #[arg(long)]
@@ -76,10 +85,11 @@ impl FeedOptions {
     ) -> anyhow::Result<(Box<dyn ladle_datasets::Dataset>, ProducerConfig)> {
         let dataset = ladle_datasets::open(&self.dataset)
             .with_context(|| format!("cannot read dataset {}", self.dataset.display()))?;
-        let augment = if self.eval {
-            Augment::eval(self.image_size)
-        } else {
-            Augment::train(self.image_size)
+        let augment = match &self.transform {
+            Some(spec) => Transforms::parse(spec)
+                .with_context(|| format!("--transform {spec:?} is not a usable pipeline"))?,
+            None if self.eval => Transforms::eval(self.image_size),
+            None => Transforms::train(self.image_size),
         };
         let stall_timeout = std::time::Duration::try_from_secs_f64(self.stall_timeout)
             .ok()
@@ -124,10 +134,11 @@ pub(crate) fn dataset_key(dataset: &std::path::Path) -> String {
         .to_string()
 }
 
-/// A feed's transform as feeds are matched: equal for equal augmentation, seed and ring.
+/// A feed's transform as feeds are matched: the whole pipeline in canonical form (equal for
+/// equal pipelines, whichever way they were written), the seed, the ring and the policy.
 pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
     format!(
-        "{:?} seed {} ring {} policy {:?}",
+        "{} seed {} ring {} policy {:?}",
         config.augment, config.seed, config.ring_bytes, config.policy
     )
 }
@@ -234,4 +245,43 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         seconds,
     };
     crate::records::Record::print(&summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(spec: &str) -> String {
+        transform_key(&ProducerConfig {
+            augment: Transforms::parse(spec).unwrap(),
+            ..ProducerConfig::default()
+        })
+    }
+
+    #[test]
+    fn the_transform_key_is_equal_for_equal_pipelines_however_written_and_differs_otherwise() {
+        let calls = key("RandomCrop(32, padding=4), RandomHorizontalFlip()");
+        assert_eq!(
+            calls,
+            key(r#"[{"name":"RandomCrop","size":32,"padding":4},{"name":"RandomHorizontalFlip"}]"#)
+        );
+        assert_eq!(
+            calls,
+            key("RandomCrop(size=(32, 32), padding=(4, 4, 4, 4)), RandomHorizontalFlip(p=0.5)")
+        );
+        assert!(
+            calls.contains("RandomCrop(size=(32, 32), padding=(4, 4, 4, 4)"),
+            "{calls}"
+        );
+        assert!(calls.contains("RandomHorizontalFlip(p=0.5)"), "{calls}");
+        assert_ne!(
+            calls,
+            key("RandomCrop(32, padding=4), RandomHorizontalFlip(0.4)")
+        );
+        assert_ne!(calls, key("RandomCrop(32, padding=4)"));
+        assert_eq!(
+            key("RandomResizedCrop(224), RandomHorizontalFlip()"),
+            transform_key(&ProducerConfig::default())
+        );
+    }
 }

@@ -8,6 +8,12 @@
 //!
 //! Parameters come from [`SampleRng`] seeded with `(seed, epoch, index)`, so the same sample
 //! in the same epoch is augmented identically on every run and every machine.
+//!
+//! The producer now runs [`crate::transforms`] pipelines; this module is the reference for
+//! their two presets ([`Transforms::train`](crate::transforms::Transforms::train) and
+//! [`Transforms::eval`](crate::transforms::Transforms::eval) are tested byte-identical to
+//! [`Augment::train`] and [`Augment::eval`]) and is what the decode fuzz target and the
+//! decode+augment benchmark exercise.
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
@@ -111,7 +117,7 @@ pub struct Crop {
 
 /// torchvision's `RandomResizedCrop.get_params`, draw for draw: ten tries at a random area and
 /// log-uniform aspect ratio, then a fallback center crop clamped to the ratio range.
-fn random_resized_crop(
+pub(crate) fn random_resized_crop(
     rng: &mut SampleRng,
     width: u32,
     height: u32,

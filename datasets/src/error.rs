@@ -233,6 +233,33 @@ pub enum AugmentError {
     /// The resizer rejected its arguments.
     #[error("resize failed: {0}")]
     Resize(String),
+    /// A crop is larger than the (padded) image, as torchvision's `RandomCrop` refuses.
+    #[error(
+        "{transform}: crop {crop_height}x{crop_width} is larger than the {height}x{width} \
+         image (pad it, or use pad_if_needed=True)"
+    )]
+    CropTooLarge {
+        /// The transform.
+        transform: &'static str,
+        /// Crop height.
+        crop_height: u32,
+        /// Crop width.
+        crop_width: u32,
+        /// Image height (after padding).
+        height: u64,
+        /// Image width (after padding).
+        width: u64,
+    },
+    /// An intermediate image of the transform pipeline would be unreasonably large.
+    #[error("{transform}: a {height}x{width} intermediate image is too large")]
+    TooLarge {
+        /// The transform.
+        transform: &'static str,
+        /// Height.
+        height: u64,
+        /// Width.
+        width: u64,
+    },
 }
 
 /// The synthetic generator could not write its files.

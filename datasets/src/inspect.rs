@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::augment::Augment;
 use crate::dataset::{Dataset, Format};
 use crate::error::PipelineError;
 use crate::pipeline::{SampleProcessor, for_each_parallel};
+use crate::transforms::Transforms;
 
 /// One sample that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -71,7 +71,7 @@ pub fn inspect(
     for_each_parallel(
         0..dataset.len(),
         threads,
-        || SampleProcessor::new(Augment::eval(1), 0),
+        || SampleProcessor::new(Transforms::eval(1), 0),
         |processor, index| {
             let outcome = dataset
                 .label(index)

@@ -9,6 +9,8 @@
 //!   [CIFAR-10/100 binary](cifar) and [WebDataset shards](wds); [`open`] detects which.
 //! - [`Decoder`](decode::Decoder): JPEG (baseline, progressive, any subsampling, grayscale,
 //!   CMYK) and PNG into RGB u8, in reused buffers.
+//! - [`Transformer`](transforms::Transformer): torchvision-named transform pipelines
+//!   ([`Transforms`](transforms::Transforms)), with RandomResizedCrop + flip as the default.
 //! - [`Augmenter`](augment::Augmenter): RandomResizedCrop + flip (train) or resize + center
 //!   crop (eval), torchvision semantics, into a caller-provided buffer, deterministic from
 //!   `(seed, epoch, index)`.
@@ -27,9 +29,10 @@
 //! ladle_datasets::synth::generate(&config, dir.path(), &|_| {})?;
 //!
 //! let dataset = ladle_datasets::open(dir.path())?;
-//! let pipeline = PipelineConfig { threads: 2, augment: Augment::train(32), ..Default::default() }
+//! let transforms = Transforms::parse("RandomResizedCrop(32), RandomHorizontalFlip()")?;
+//! let sink = SlotBuffer::new(8, transforms.output_len());
+//! let pipeline = PipelineConfig { threads: 2, augment: transforms, ..Default::default() }
 //!     .build()?;
-//! let sink = SlotBuffer::new(8, Augment::train(32).output_len());
 //! let order = EpochSampler::new(dataset.len(), 7).order(0);
 //! let items = order.iter().enumerate().map(|(seq, &index)| WorkItem { seq: seq as u64, index, epoch: 0 });
 //! let stats = pipeline.run(dataset.as_ref(), items, &sink)?;
@@ -89,6 +92,7 @@ pub mod pipeline;
 pub mod rng;
 pub mod sampler;
 pub mod synth;
+pub mod transforms;
 pub mod wds;
 
 pub use dataset::{Dataset, Format, RecordData, detect, open};
@@ -104,5 +108,6 @@ pub mod prelude {
     };
     pub use crate::sampler::EpochSampler;
     pub use crate::synth::SynthConfig;
+    pub use crate::transforms::{Transformer, Transforms};
     pub use crate::{Dataset, Format, open};
 }

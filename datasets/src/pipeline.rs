@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::augment::{Augment, Augmenter};
 use crate::dataset::{Dataset, RecordData};
 use crate::decode::{Decoder, RgbImage};
 use crate::error::{PipelineError, SampleError};
+use crate::transforms::{Transformer, Transforms};
 
 /// What to do with a sample that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -52,7 +52,7 @@ pub trait SampleSink: Sync {
     /// for the item's ring slot; `()` for sinks that need none.
     type Ticket: Send;
 
-    /// Runs `fill` on the output buffer of `item` ([`Augment::output_len`] bytes). Called
+    /// Runs `fill` on the output buffer of `item` ([`Transforms::output_len`] bytes). Called
     /// once per item, from any worker thread, possibly concurrently for different items.
     fn write<R>(
         &self,
@@ -145,17 +145,17 @@ impl SampleSink for SlotBuffer {
 pub struct SampleProcessor {
     scratch: Vec<u8>,
     decoder: Decoder,
-    augmenter: Augmenter,
+    transformer: Transformer,
     seed: u64,
 }
 
 impl SampleProcessor {
-    /// A processor applying `augment` with randomness from `seed`.
-    pub fn new(augment: Augment, seed: u64) -> Self {
+    /// A processor applying `transforms` with randomness from `seed`.
+    pub fn new(transforms: Transforms, seed: u64) -> Self {
         Self {
             scratch: Vec::new(),
             decoder: Decoder::new(),
-            augmenter: Augmenter::new(augment),
+            transformer: Transformer::new(transforms),
             seed,
         }
     }
@@ -180,7 +180,7 @@ impl SampleProcessor {
         let label = dataset.label(index)?;
         let seed = self.seed;
         let image = Self::decode_with(&mut self.scratch, &mut self.decoder, dataset, index)?;
-        self.augmenter
+        self.transformer
             .apply(image, seed, epoch, index, out)
             .map_err(|source| SampleError::Augment {
                 location: dataset.location(index),
@@ -218,8 +218,9 @@ impl SampleProcessor {
 pub struct PipelineConfig {
     /// Worker threads (default: the machine's cores).
     pub threads: usize,
-    /// The augmentation (default: training augmentation at 224).
-    pub augment: Augment,
+    /// The transform pipeline (default: [`Transforms::train`] at 224,
+    /// `RandomResizedCrop(224), RandomHorizontalFlip()`).
+    pub augment: Transforms,
     /// Seed of the augmentation's randomness.
     pub seed: u64,
     /// What to do with bad samples.
@@ -230,7 +231,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             threads: default_threads(),
-            augment: Augment::train(224),
+            augment: Transforms::train(224),
             seed: 0,
             policy: BadSamplePolicy::Skip,
         }
@@ -256,26 +257,6 @@ impl PipelineConfig {
                 "image size must be 1..=4096, not {}",
                 self.augment.size()
             )));
-        }
-        if let Augment::Train {
-            scale,
-            ratio,
-            flip_p,
-            ..
-        } = self.augment
-        {
-            let ok = scale.0 > 0.0
-                && scale.0 <= scale.1
-                && scale.1 <= 1.0
-                && ratio.0 > 0.0
-                && ratio.0 <= ratio.1
-                && (0.0..=1.0).contains(&flip_p);
-            if !ok {
-                return Err(PipelineError::InvalidOption(format!(
-                    "need 0 < scale.0 <= scale.1 <= 1, 0 < ratio.0 <= ratio.1, 0 <= flip_p <= 1; \
-                     got scale {scale:?}, ratio {ratio:?}, flip_p {flip_p}"
-                )));
-            }
         }
         Ok(Pipeline { config: self })
     }
@@ -324,11 +305,11 @@ impl Pipeline {
         let written = AtomicU64::new(0);
         let skipped = AtomicU64::new(0);
         let failure = Mutex::new(None);
-        let (augment, seed, policy) = (self.config.augment, self.config.seed, self.config.policy);
+        let (augment, seed, policy) = (&self.config.augment, self.config.seed, self.config.policy);
         for_each_parallel(
             items,
             self.config.threads,
-            || SampleProcessor::new(augment, seed),
+            || SampleProcessor::new(augment.clone(), seed),
             |processor, (item, mut ticket): (WorkItem, S::Ticket)| {
                 let outcome = sink.write(&mut ticket, &item, |out| {
                     with_retries(&item, || {

@@ -158,11 +158,11 @@ fn the_pipeline_skips_and_counts_bad_samples_by_default_and_stops_when_asked() {
     let planted = plant_bad_files(dir.path());
     let ds = ladle_datasets::open(dir.path()).unwrap();
     let order = EpochSampler::new(ds.len(), 3).order(0);
-    let augment = Augment::train(32);
+    let augment = Transforms::train(32);
     let sink = SlotBuffer::new(64, augment.output_len());
     let skip = PipelineConfig {
         threads: 2,
-        augment,
+        augment: augment.clone(),
         ..Default::default()
     }
     .build()
@@ -193,13 +193,13 @@ fn the_pipeline_writes_every_sample_with_its_label_the_same_for_any_thread_count
     let dir = generated(Format::WebDataset, 24);
     let ds = ladle_datasets::open(dir.path()).unwrap();
     let order = EpochSampler::new(ds.len(), 11).order(2);
-    let augment = Augment::train(48);
+    let augment = Transforms::train(48);
     let mut outputs = Vec::new();
     for threads in [1, 2] {
         let sink = SlotBuffer::new(order.len(), augment.output_len());
         let p = PipelineConfig {
             threads,
-            augment,
+            augment: augment.clone(),
             seed: 5,
             ..Default::default()
         }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use ladle_datasets::Dataset;
-use ladle_datasets::augment::Augment;
+use ladle_datasets::transforms::Transforms;
 use ladle_datasets::pipeline::SampleProcessor;
 
 /// Samples looked at per input, so that one input cannot take unbounded time.
@@ -33,9 +33,9 @@ pub fn scratch_dir(target: &str) -> &'static Path {
 pub fn exercise(dataset: &dyn Dataset) {
     let _ = dataset.class_names();
     let _ = dataset.problems().iter().map(ToString::to_string).count();
-    let augment = Augment::train(32);
-    let mut processor = SampleProcessor::new(augment, 0);
+    let augment = Transforms::train(32);
     let mut out = vec![0u8; augment.output_len()];
+    let mut processor = SampleProcessor::new(augment, 0);
     let mut scratch = Vec::new();
     let len = dataset.len();
     for index in (0..len.min(MAX_SAMPLES)).chain([len]) {

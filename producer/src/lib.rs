@@ -61,8 +61,8 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ladle_datasets::augment::Augment;
 use ladle_datasets::pipeline::{PipelineConfig, SampleSink, WorkItem, WorkSource, default_threads};
+use ladle_datasets::transforms::Transforms;
 use ladle_datasets::{BadSamplePolicy, Dataset, PipelineError, SampleError};
 use ladle_ring::protocol::{ConsumerInfo, DatasetInfo, FeedStats, ServerMessage};
 use ladle_ring::{
@@ -84,8 +84,8 @@ pub struct ProducerConfig {
     pub socket: PathBuf,
     /// Bytes of shared memory for the ring.
     pub ring_bytes: u64,
-    /// The augmentation; its size is the ring's image size.
-    pub augment: Augment,
+    /// The transform pipeline; its output size is the ring's image size.
+    pub augment: Transforms,
     /// Decode threads.
     pub threads: usize,
     /// Seed of the permutations and the augmentation.
@@ -108,7 +108,7 @@ impl Default for ProducerConfig {
         Self {
             socket: PathBuf::from("ladle.sock"),
             ring_bytes: 256 << 20,
-            augment: Augment::train(224),
+            augment: Transforms::train(224),
             threads: default_threads(),
             seed: 0,
             policy: BadSamplePolicy::Skip,
@@ -570,7 +570,7 @@ impl Producer {
         }
         let pipeline = PipelineConfig {
             threads: config.threads,
-            augment: config.augment,
+            augment: config.augment.clone(),
             seed: config.seed,
             policy: config.policy,
         }

@@ -1,0 +1,611 @@
+//! Running a [`Transforms`] pipeline on one decoded image, with reused buffers.
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+use super::{PaddingMode, ResizeTo, Transform, Transforms, resized_dims};
+use crate::augment::random_resized_crop;
+use crate::decode::RgbImage;
+use crate::error::AugmentError;
+use crate::rng::{SampleRng, Stream};
+
+/// Most pixels an intermediate image may have (64 Mi, 192 MiB of RGB).
+const MAX_PIXELS: u64 = 1 << 26;
+
+/// Where the current image lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loc {
+    /// The caller's decoded image (read-only).
+    Source,
+    /// Scratch buffer 0 or 1.
+    Buf0,
+    Buf1,
+    /// The caller's output buffer.
+    Out,
+}
+
+/// One axis of a crop with padding: output coordinate `o` reads padded coordinate
+/// `o + start` of an image padded by `pad2` (before) around an image padded by `pad1` around
+/// the source.
+#[derive(Debug, Clone, Copy)]
+struct Axis {
+    pad1: i64,
+    n1: i64,
+    pad2: i64,
+    start: i64,
+}
+
+impl Axis {
+    /// The source coordinate of output coordinate `o`, or `None` for the fill value.
+    fn map(self, o: i64, n: u32, mode: PaddingMode) -> Option<usize> {
+        let x1 = pad_map(o + self.start - self.pad2, self.n1, mode)?;
+        pad_map(x1 - self.pad1, i64::from(n), mode).map(|x| x as usize)
+    }
+}
+
+/// The coordinate `x` of an image of `n` pixels padded in `mode` (NumPy's `np.pad` modes).
+fn pad_map(x: i64, n: i64, mode: PaddingMode) -> Option<i64> {
+    if (0..n).contains(&x) {
+        return Some(x);
+    }
+    match mode {
+        PaddingMode::Constant => None,
+        PaddingMode::Edge => Some(x.clamp(0, n - 1)),
+        PaddingMode::Reflect if n == 1 => Some(0),
+        PaddingMode::Reflect => {
+            let period = 2 * (n - 1);
+            let m = x.rem_euclid(period);
+            Some(if m < n { m } else { period - m })
+        }
+        PaddingMode::Symmetric => {
+            let period = 2 * n;
+            let m = x.rem_euclid(period);
+            Some(if m < n { m } else { period - 1 - m })
+        }
+    }
+}
+
+/// How a producing transform makes its output.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Resample a (fractional) source rectangle to the output size.
+    Resample {
+        left: f64,
+        top: f64,
+        width: f64,
+        height: f64,
+    },
+    /// Copy pixels, padding outside the source.
+    Copy {
+        x: Axis,
+        y: Axis,
+        mode: PaddingMode,
+        fill: [u8; 3],
+    },
+}
+
+/// Python's `round` (half to even) of `d / 2` for an integer `d ≥ 0`.
+fn half_round_even(d: i64) -> i64 {
+    let k = d / 2;
+    if d % 2 == 0 || k % 2 == 0 { k } else { k + 1 }
+}
+
+/// Applies a [`Transforms`] pipeline with reused buffers and a reused SIMD resizer. One per
+/// thread; after the first few samples it allocates nothing.
+pub struct Transformer {
+    transforms: Transforms,
+    last_producer: usize,
+    resizer: Resizer,
+    bufs: [Vec<u8>; 2],
+    cols: Vec<Option<usize>>,
+    tmp: Vec<u8>,
+}
+
+impl std::fmt::Debug for Transformer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transformer")
+            .field("transforms", &self.transforms.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+fn grow(v: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    &mut v[..n]
+}
+
+fn check_dims(transform: &'static str, w: u64, h: u64) -> Result<(), AugmentError> {
+    if w == 0 || h == 0 || w * h > MAX_PIXELS {
+        return Err(AugmentError::TooLarge {
+            transform,
+            height: h,
+            width: w,
+        });
+    }
+    Ok(())
+}
+
+fn name(t: &Transform) -> &'static str {
+    match t {
+        Transform::RandomResizedCrop { .. } => "RandomResizedCrop",
+        Transform::RandomCrop { .. } => "RandomCrop",
+        Transform::Resize { .. } => "Resize",
+        Transform::CenterCrop { .. } => "CenterCrop",
+        Transform::RandomHorizontalFlip { .. } => "RandomHorizontalFlip",
+        Transform::RandomVerticalFlip { .. } => "RandomVerticalFlip",
+        Transform::ColorJitter { .. } => "ColorJitter",
+        Transform::RandomGrayscale { .. } => "RandomGrayscale",
+        Transform::TrivialAugmentWide { .. } => "TrivialAugmentWide",
+    }
+}
+
+impl Transformer {
+    /// A transformer for `transforms`.
+    pub fn new(transforms: Transforms) -> Self {
+        Self {
+            last_producer: transforms.last_producer(),
+            transforms,
+            resizer: Resizer::new(),
+            bufs: [Vec::new(), Vec::new()],
+            cols: Vec::new(),
+            tmp: Vec::new(),
+        }
+    }
+
+    /// The pipeline this applies.
+    pub fn transforms(&self) -> &Transforms {
+        &self.transforms
+    }
+
+    /// Addresses and capacities of the scratch buffers, to check that they are reused.
+    #[cfg(test)]
+    pub(super) fn scratch(&self) -> [(usize, usize); 4] {
+        [
+            (self.bufs[0].as_ptr() as usize, self.bufs[0].capacity()),
+            (self.bufs[1].as_ptr() as usize, self.bufs[1].capacity()),
+            (self.cols.as_ptr() as usize, self.cols.capacity()),
+            (self.tmp.as_ptr() as usize, self.tmp.capacity()),
+        ]
+    }
+
+    /// Transforms `image` (sample `index` of `epoch`) into `out`, which must hold exactly
+    /// [`Transforms::output_len`] bytes.
+    pub fn apply(
+        &mut self,
+        image: RgbImage<'_>,
+        seed: u64,
+        epoch: u64,
+        index: u64,
+        out: &mut [u8],
+    ) -> Result<(), AugmentError> {
+        let size = self.transforms.size();
+        let expected = self.transforms.output_len();
+        if out.len() != expected {
+            return Err(AugmentError::OutputSize {
+                len: out.len(),
+                expected,
+            });
+        }
+        let (iw, ih) = (image.width, image.height);
+        if iw == 0 || ih == 0 || (image.pixels.len() as u64) < u64::from(iw) * u64::from(ih) * 3 {
+            return Err(AugmentError::Degenerate {
+                width: iw,
+                height: ih,
+                size,
+            });
+        }
+        let mut rng = SampleRng::new(Stream::Augment, seed, epoch, index);
+        let Self {
+            transforms,
+            last_producer,
+            resizer,
+            bufs,
+            cols,
+            tmp,
+        } = self;
+        let list = transforms.list();
+        let (mut w, mut h) = (iw, ih);
+        let mut cur = Loc::Source;
+        let mut i = 0;
+        while i < list.len() {
+            let t = &list[i];
+            if !t.produces() {
+                if cur == Loc::Source {
+                    let n = w as usize * h as usize * 3;
+                    grow(&mut bufs[0], n).copy_from_slice(&image.pixels[..n]);
+                    cur = Loc::Buf0;
+                }
+                let n = w as usize * h as usize * 3;
+                let px = match cur {
+                    Loc::Buf1 => &mut bufs[1][..n],
+                    Loc::Out => &mut out[..],
+                    _ => &mut bufs[0][..n],
+                };
+                pixel_op(t, &mut rng, px, w as usize, tmp)?;
+                i += 1;
+                continue;
+            }
+            let (op, nw, nh, end) = plan(list, i, w, h, &mut rng)?;
+            check_dims(name(t), u64::from(nw), u64::from(nh))?;
+            let dst = if end == *last_producer {
+                Loc::Out
+            } else if cur == Loc::Buf0 {
+                Loc::Buf1
+            } else {
+                Loc::Buf0
+            };
+            let (src_len, dst_len) = (w as usize * h as usize * 3, nw as usize * nh as usize * 3);
+            if dst == Loc::Out && dst_len != out.len() {
+                return Err(AugmentError::OutputSize {
+                    len: out.len(),
+                    expected: dst_len,
+                });
+            }
+            let [b0, b1] = &mut *bufs;
+            let (src, dst_px): (&[u8], &mut [u8]) = match (cur, dst) {
+                (Loc::Source, Loc::Out) => (&image.pixels[..src_len], &mut out[..]),
+                (Loc::Source, _) => (&image.pixels[..src_len], grow(b0, dst_len)),
+                (Loc::Buf0, Loc::Out) => (&b0[..src_len], &mut out[..]),
+                (Loc::Buf0, _) => (&b0[..src_len], grow(b1, dst_len)),
+                (Loc::Buf1, Loc::Out) => (&b1[..src_len], &mut out[..]),
+                (Loc::Buf1, _) => (&b1[..src_len], grow(b0, dst_len)),
+                (Loc::Out, _) => {
+                    return Err(AugmentError::Resize(
+                        "internal: a transform after the last producing one".into(),
+                    ));
+                }
+            };
+            match op {
+                Op::Resample {
+                    left,
+                    top,
+                    width,
+                    height,
+                } => {
+                    let resize_err =
+                        |e: &dyn std::fmt::Display| AugmentError::Resize(e.to_string());
+                    let s =
+                        ImageRef::new(w, h, src, PixelType::U8x3).map_err(|e| resize_err(&e))?;
+                    let mut d = Image::from_slice_u8(nw, nh, dst_px, PixelType::U8x3)
+                        .map_err(|e| resize_err(&e))?;
+                    let options = ResizeOptions::new()
+                        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+                        .crop(left, top, width, height);
+                    resizer
+                        .resize(&s, &mut d, &options)
+                        .map_err(|e| resize_err(&e))?;
+                }
+                Op::Copy { x, y, mode, fill } => {
+                    copy_padded(src, (w, h), dst_px, (nw, nh), (x, y), mode, fill, cols);
+                }
+            }
+            cur = dst;
+            (w, h) = (nw, nh);
+            i = end + 1;
+        }
+        if cur != Loc::Out || (w, h) != (size, size) {
+            return Err(AugmentError::Resize(format!(
+                "internal: the pipeline made a {h}x{w} image, not {size}x{size}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The operation producing transform `i` performs on a `w × h` image, its output size, and
+/// the index of the last transform it covers (`i + 1` when a `CenterCrop` is fused).
+fn plan(
+    list: &[Transform],
+    i: usize,
+    w: u32,
+    h: u32,
+    rng: &mut SampleRng,
+) -> Result<(Op, u32, u32, usize), AugmentError> {
+    let (wf, hf) = (f64::from(w), f64::from(h));
+    Ok(match list[i] {
+        Transform::RandomResizedCrop { size, scale, ratio } => {
+            let c = random_resized_crop(rng, w, h, scale, ratio);
+            let op = Op::Resample {
+                left: c.left,
+                top: c.top,
+                width: c.width,
+                height: c.height,
+            };
+            (op, size.1, size.0, i)
+        }
+        Transform::Resize { size } => {
+            let ((nw, nh), sx, sy) = match size {
+                ResizeTo::Shorter(s) => {
+                    let scale = f64::from(s) / wf.min(hf);
+                    (resized_dims(w, h, s), scale, scale)
+                }
+                ResizeTo::Exact(rh, rw) => ((rw, rh), f64::from(rw) / wf, f64::from(rh) / hf),
+            };
+            match list.get(i + 1) {
+                Some(&Transform::CenterCrop { size: (ch, cw) }) if cw <= nw && ch <= nh => {
+                    // Resize + CenterCrop as one resampling of the centred source region.
+                    let sw = (f64::from(cw) / sx).min(wf);
+                    let sh = (f64::from(ch) / sy).min(hf);
+                    let op = Op::Resample {
+                        left: (wf - sw) / 2.0,
+                        top: (hf - sh) / 2.0,
+                        width: sw,
+                        height: sh,
+                    };
+                    (op, cw, ch, i + 1)
+                }
+                _ => {
+                    let op = Op::Resample {
+                        left: 0.0,
+                        top: 0.0,
+                        width: wf,
+                        height: hf,
+                    };
+                    (op, nw, nh, i)
+                }
+            }
+        }
+        Transform::CenterCrop { size: (ch, cw) } => {
+            // torchvision pads with zeros to the crop size first, then crops at
+            // round((n - crop) / 2).
+            let axis = |n: u32, c: u32| {
+                let (n, c) = (i64::from(n), i64::from(c));
+                let pad = (c - n).max(0) / 2;
+                let n1 = n.max(c);
+                Axis {
+                    pad1: pad,
+                    n1,
+                    pad2: 0,
+                    start: half_round_even(n1 - c),
+                }
+            };
+            let op = Op::Copy {
+                x: axis(w, cw),
+                y: axis(h, ch),
+                mode: PaddingMode::Constant,
+                fill: [0; 3],
+            };
+            (op, cw, ch, i)
+        }
+        Transform::RandomCrop {
+            size: (ch, cw),
+            padding: [left, top, right, bottom],
+            pad_if_needed,
+            fill,
+            padding_mode,
+        } => {
+            let axis = |n: u32, before: u32, after: u32, c: u32| {
+                let n1 = i64::from(n) + i64::from(before) + i64::from(after);
+                let c = i64::from(c);
+                let pad2 = if pad_if_needed && n1 < c { c - n1 } else { 0 };
+                (
+                    Axis {
+                        pad1: i64::from(before),
+                        n1,
+                        pad2,
+                        start: 0,
+                    },
+                    n1 + 2 * pad2,
+                )
+            };
+            let (mut x, n2w) = axis(w, left, right, cw);
+            let (mut y, n2h) = axis(h, top, bottom, ch);
+            check_dims("RandomCrop", n2w as u64, n2h as u64)?;
+            if n2h < i64::from(ch) || n2w < i64::from(cw) {
+                return Err(AugmentError::CropTooLarge {
+                    transform: "RandomCrop",
+                    crop_height: ch,
+                    crop_width: cw,
+                    height: n2h as u64,
+                    width: n2w as u64,
+                });
+            }
+            if (n2h, n2w) != (i64::from(ch), i64::from(cw)) {
+                y.start = rng.inclusive(0, (n2h - i64::from(ch)) as u64) as i64;
+                x.start = rng.inclusive(0, (n2w - i64::from(cw)) as u64) as i64;
+            }
+            let op = Op::Copy {
+                x,
+                y,
+                mode: padding_mode,
+                fill,
+            };
+            (op, cw, ch, i)
+        }
+        _ => {
+            return Err(AugmentError::Resize(
+                "internal: not a producing transform".into(),
+            ));
+        }
+    })
+}
+
+/// Copies `dst[y][x] = src[y.map(y)][x.map(x)]`, writing `fill` where the map is outside.
+#[allow(clippy::too_many_arguments)]
+fn copy_padded(
+    src: &[u8],
+    (sw, sh): (u32, u32),
+    dst: &mut [u8],
+    (dw, _dh): (u32, u32),
+    (x, y): (Axis, Axis),
+    mode: PaddingMode,
+    fill: [u8; 3],
+    cols: &mut Vec<Option<usize>>,
+) {
+    cols.clear();
+    cols.extend((0..i64::from(dw)).map(|o| x.map(o, sw, mode)));
+    let row_len = sw as usize * 3;
+    for (oy, row) in dst.chunks_exact_mut(dw as usize * 3).enumerate() {
+        match y.map(oy as i64, sh, mode) {
+            None => {
+                for px in row.chunks_exact_mut(3) {
+                    px.copy_from_slice(&fill);
+                }
+            }
+            Some(sy) => {
+                let src_row = &src[sy * row_len..(sy + 1) * row_len];
+                for (px, col) in row.chunks_exact_mut(3).zip(cols.iter()) {
+                    match col {
+                        Some(sx) => px.copy_from_slice(&src_row[sx * 3..sx * 3 + 3]),
+                        None => px.copy_from_slice(&fill),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// PIL's `convert("L")`: 0.299 R + 0.587 G + 0.114 B in 16-bit fixed point, rounded.
+pub(crate) fn gray(px: &[u8]) -> u8 {
+    ((u32::from(px[0]) * 19595 + u32::from(px[1]) * 38470 + u32::from(px[2]) * 7471 + 0x8000) >> 16)
+        as u8
+}
+
+/// Mirrors every row of a `width`-pixel-wide RGB image in place.
+pub(crate) fn flip_horizontal(px: &mut [u8], width: usize) {
+    for row in px.chunks_exact_mut(width * 3) {
+        let (mut i, mut j) = (0, width.saturating_sub(1));
+        while i < j {
+            let (a, b) = row.split_at_mut(j * 3);
+            a[i * 3..i * 3 + 3].swap_with_slice(&mut b[..3]);
+            i += 1;
+            j -= 1;
+        }
+    }
+}
+
+/// Mirrors the rows of a `width`-pixel-wide RGB image top to bottom in place.
+pub(crate) fn flip_vertical(px: &mut [u8], width: usize) {
+    let row = width * 3;
+    let h = px.len() / row;
+    for y in 0..h / 2 {
+        let (a, b) = px.split_at_mut((h - 1 - y) * row);
+        a[y * row..(y + 1) * row].swap_with_slice(&mut b[..row]);
+    }
+}
+
+/// torchvision's `_blend` on u8: `ratio * a + (1 - ratio) * b`, clamped, truncated.
+fn blend(a: u8, b: f32, ratio: f32) -> u8 {
+    (ratio * f32::from(a) + (1.0 - ratio) * b).clamp(0.0, 255.0) as u8
+}
+
+/// torchvision's `_rgb2hsv` → shift hue → `_hsv2rgb`, on one pixel in `[0, 1]`.
+fn shift_hue(px: &mut [u8], hue: f32) {
+    let [r, g, b] = [px[0], px[1], px[2]].map(|c| f32::from(c) / 255.0);
+    let maxc = r.max(g).max(b);
+    let minc = r.min(g).min(b);
+    let eqc = maxc == minc;
+    let cr = maxc - minc;
+    let s = cr / if eqc { 1.0 } else { maxc };
+    let div = if eqc { 1.0 } else { cr };
+    let (rc, gc, bc) = ((maxc - r) / div, (maxc - g) / div, (maxc - b) / div);
+    let hh = if maxc == r {
+        bc - gc
+    } else if maxc == g {
+        2.0 + rc - bc
+    } else {
+        4.0 + gc - rc
+    };
+    let hh = (hh / 6.0 + 1.0).rem_euclid(1.0);
+    let hh = (hh + hue).rem_euclid(1.0);
+    let v = maxc;
+    let i6 = (hh * 6.0).floor();
+    let f = hh * 6.0 - i6;
+    let i6 = (i6 as i32).rem_euclid(6);
+    let p = (v * (1.0 - s)).clamp(0.0, 1.0);
+    let q = (v * (1.0 - s * f)).clamp(0.0, 1.0);
+    let t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0);
+    let (r, g, b) = match i6 {
+        0 => (v, t, p),
+        1 => (q, v, p),
+        2 => (p, v, t),
+        3 => (p, q, v),
+        4 => (t, p, v),
+        _ => (v, p, q),
+    };
+    px[0] = (r * 255.0) as u8;
+    px[1] = (g * 255.0) as u8;
+    px[2] = (b * 255.0) as u8;
+}
+
+/// Applies one in-place transform to a `width`-pixel-wide RGB image.
+fn pixel_op(
+    t: &Transform,
+    rng: &mut SampleRng,
+    px: &mut [u8],
+    width: usize,
+    tmp: &mut Vec<u8>,
+) -> Result<(), AugmentError> {
+    match *t {
+        Transform::TrivialAugmentWide {
+            num_magnitude_bins,
+            fill,
+        } => super::trivial::apply(rng, px, width, num_magnitude_bins, fill, tmp),
+        Transform::RandomHorizontalFlip { p } => {
+            if rng.next_f64() < p {
+                flip_horizontal(px, width);
+            }
+        }
+        Transform::RandomVerticalFlip { p } => {
+            if rng.next_f64() < p {
+                flip_vertical(px, width);
+            }
+        }
+        Transform::RandomGrayscale { p } => {
+            if rng.next_f64() < p {
+                for c in px.chunks_exact_mut(3) {
+                    c.fill(gray(c));
+                }
+            }
+        }
+        Transform::ColorJitter {
+            brightness,
+            contrast,
+            saturation,
+            hue,
+        } => {
+            // torchvision: fn_idx = torch.randperm(4), then the four factors in order.
+            let mut order = [0usize, 1, 2, 3];
+            for k in (1..4).rev() {
+                let j = rng.below(k as u64 + 1) as usize;
+                order.swap(k, j);
+            }
+            let mut draw = |r: Option<(f64, f64)>| r.map(|(lo, hi)| rng.uniform(lo, hi) as f32);
+            let factors = [
+                draw(brightness),
+                draw(contrast),
+                draw(saturation),
+                draw(hue),
+            ];
+            for k in order {
+                let Some(f) = factors[k] else { continue };
+                match k {
+                    0 => px.iter_mut().for_each(|c| *c = blend(*c, 0.0, f)),
+                    1 => {
+                        let n = (px.len() / 3).max(1);
+                        let sum: u64 = px.chunks_exact(3).map(|c| u64::from(gray(c))).sum();
+                        let mean = (sum as f64 / n as f64) as f32;
+                        px.iter_mut().for_each(|c| *c = blend(*c, mean, f));
+                    }
+                    2 => {
+                        for c in px.chunks_exact_mut(3) {
+                            let g = f32::from(gray(c));
+                            for v in c.iter_mut() {
+                                *v = blend(*v, g, f);
+                            }
+                        }
+                    }
+                    _ => px.chunks_exact_mut(3).for_each(|c| shift_hue(c, f)),
+                }
+            }
+        }
+        _ => {
+            return Err(AugmentError::Resize(
+                "internal: not an in-place transform".into(),
+            ));
+        }
+    }
+    Ok(())
+}
