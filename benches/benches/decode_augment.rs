@@ -9,9 +9,9 @@ use std::hint::black_box;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use ladle_benches::{CountingAlloc, dataset};
-use ladle_datasets::augment::{Augment, Augmenter};
 use ladle_datasets::decode::{Decoder, RgbImage};
 use ladle_datasets::synth::Encoding;
+use ladle_datasets::transforms::{Transformer, Transforms};
 use ladle_datasets::{Format, RecordData};
 
 #[global_allocator]
@@ -73,12 +73,12 @@ fn benches(c: &mut Criterion) {
         samples.len(),
         jpegs.len()
     );
-    let augment = Augment::train(224);
+    let augment = Transforms::train(224);
     let mut out = vec![0u8; augment.output_len()];
 
     // Allocations per image, after one warm-up pass so reused buffers have grown.
     let mut decoder = Decoder::new();
-    let mut augmenter = Augmenter::new(augment);
+    let mut augmenter = Transformer::new(augment.clone());
     for pass in 0..2 {
         let before = CountingAlloc::count();
         for (i, s) in samples.iter().enumerate() {
@@ -133,11 +133,15 @@ fn benches(c: &mut Criterion) {
         .collect();
     let all: Vec<&Sample> = samples.iter().collect();
     for (name, set, augment) in [
-        ("decode+augment/rrc224_flip", &all, augment),
-        ("decode+augment/rrc224_flip/Baseline420", &baseline, augment),
-        ("decode+augment/eval224", &all, Augment::eval(224)),
+        ("decode+augment/rrc224_flip", &all, augment.clone()),
+        (
+            "decode+augment/rrc224_flip/Baseline420",
+            &baseline,
+            augment.clone(),
+        ),
+        ("decode+augment/eval224", &all, Transforms::eval(224)),
     ] {
-        let mut augmenter = Augmenter::new(augment);
+        let mut augmenter = Transformer::new(augment);
         cycle(&mut group, name, set, |i, s| {
             let img = decoder.decode(&s.encoded).expect("decode");
             augmenter.apply(img, 0, 0, i, &mut out).expect("augment");

@@ -11,9 +11,6 @@
 //!   CMYK) and PNG into RGB u8, in reused buffers.
 //! - [`Transformer`](transforms::Transformer): torchvision-named transform pipelines
 //!   ([`Transforms`](transforms::Transforms)), with RandomResizedCrop + flip as the default.
-//! - [`Augmenter`](augment::Augmenter): RandomResizedCrop + flip (train) or resize + center
-//!   crop (eval), torchvision semantics, into a caller-provided buffer, deterministic from
-//!   `(seed, epoch, index)`.
 //! - [`EpochSampler`](sampler::EpochSampler): a seeded permutation per epoch.
 //! - [`Pipeline`](pipeline::Pipeline): `T` threads writing samples into a [`SampleSink`](pipeline::SampleSink)
 //!   (the ring, later), with a [`BadSamplePolicy`].
@@ -81,7 +78,6 @@
 //! `tracing`: `warn` for a skipped bad sample (one line naming the file); nothing is logged
 //! on the per-sample hot path otherwise.
 
-pub mod augment;
 pub mod cifar;
 mod dataset;
 pub mod decode;
@@ -101,7 +97,6 @@ pub use pipeline::BadSamplePolicy;
 
 /// The common case: open or generate a dataset and run the pipeline over it.
 pub mod prelude {
-    pub use crate::augment::{Augment, Augmenter};
     pub use crate::decode::Decoder;
     pub use crate::pipeline::{
         BadSamplePolicy, Pipeline, PipelineConfig, SampleSink, SlotBuffer, WorkItem,

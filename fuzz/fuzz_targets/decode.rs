@@ -2,7 +2,7 @@
 //! transform at 32×32 and the eval transform at 16×16. Errors are fine; panics are bugs.
 #![no_main]
 
-use ladle_datasets::augment::{Augment, Augmenter};
+use ladle_datasets::transforms::{Transformer, Transforms};
 use ladle_datasets::decode::Decoder;
 use libfuzzer_sys::fuzz_target;
 
@@ -18,8 +18,8 @@ fuzz_target!(|data: &[u8]| {
         image.width,
         image.height
     );
-    for (augment, seed) in [(Augment::train(32), 1), (Augment::eval(16), 0)] {
-        let mut out = vec![0u8; augment.output_len()];
-        let _ = Augmenter::new(augment).apply(image, seed, 0, data.len() as u64, &mut out);
+    for (transforms, seed) in [(Transforms::train(32), 1), (Transforms::eval(16), 0)] {
+        let mut out = vec![0u8; transforms.output_len()];
+        let _ = Transformer::new(transforms).apply(image, seed, 0, data.len() as u64, &mut out);
     }
 });

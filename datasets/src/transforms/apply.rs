@@ -4,10 +4,68 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::{PaddingMode, ResizeTo, Transform, Transforms, resized_dims};
-use crate::augment::random_resized_crop;
 use crate::decode::RgbImage;
 use crate::error::AugmentError;
 use crate::rng::{SampleRng, Stream};
+
+/// A crop rectangle in source pixels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Crop {
+    /// Left edge.
+    pub left: f64,
+    /// Top edge.
+    pub top: f64,
+    /// Width.
+    pub width: f64,
+    /// Height.
+    pub height: f64,
+}
+
+/// torchvision's `RandomResizedCrop.get_params`, draw for draw: ten tries at a random area and
+/// log-uniform aspect ratio, then a fallback center crop clamped to the ratio range.
+pub(crate) fn random_resized_crop(
+    rng: &mut SampleRng,
+    width: u32,
+    height: u32,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> Crop {
+    let (w_f, h_f) = (f64::from(width), f64::from(height));
+    let area = w_f * h_f;
+    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target_area = area * rng.uniform(scale.0, scale.1);
+        let aspect = rng.uniform(log_lo, log_hi).exp();
+        let w = (target_area * aspect).sqrt().round();
+        let h = (target_area / aspect).sqrt().round();
+        if w > 0.0 && h > 0.0 && w <= w_f && h <= h_f {
+            let top = rng.inclusive(0, (h_f - h) as u64) as f64;
+            let left = rng.inclusive(0, (w_f - w) as u64) as f64;
+            return Crop {
+                left,
+                top,
+                width: w,
+                height: h,
+            };
+        }
+    }
+    let in_ratio = w_f / h_f;
+    let (w, h) = if in_ratio < ratio.0.min(ratio.1) {
+        (w_f, (w_f / ratio.0.min(ratio.1)).round())
+    } else if in_ratio > ratio.0.max(ratio.1) {
+        ((h_f * ratio.0.max(ratio.1)).round(), h_f)
+    } else {
+        (w_f, h_f)
+    };
+    let top = ((h_f - h) / 2.0).floor();
+    let left = ((w_f - w) / 2.0).floor();
+    Crop {
+        left,
+        top,
+        width: w,
+        height: h,
+    }
+}
 
 /// Most pixels an intermediate image may have (64 Mi, 192 MiB of RGB).
 const MAX_PIXELS: u64 = 1 << 26;
