@@ -1,14 +1,12 @@
-//! The [`Dataset`] trait, the formats ladle reads, and [`open`], which detects the format.
+//! The [`Dataset`] trait and the names of the formats ladle reads: a leaf that the readers
+//! in [`crate::formats`] implement and the pipeline consumes.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
-use crate::cifar::CifarDataset;
-use crate::error::{OpenError, SampleError};
-use crate::imagefolder::ImageFolder;
-use crate::wds::WebDataset;
+use crate::error::SampleError;
 
 /// The on-disk formats ladle reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -101,83 +99,6 @@ pub trait Dataset: Send + Sync + fmt::Debug {
     /// Problems found while indexing (e.g. a tar member without a label): those samples are
     /// left out of `0..len` and reported here.
     fn problems(&self) -> &[SampleError];
-}
-
-/// Opens the dataset at `path`, detecting its format:
-///
-/// - a `.tar` file, or a directory holding `.tar` files: WebDataset shards;
-/// - a `.bin` file, or a directory holding `data_batch_*.bin` / `test_batch.bin` (CIFAR-10)
-///   or `train.bin` / `test.bin` (CIFAR-100): CIFAR binary;
-/// - a directory of sub-directories: ImageFolder.
-pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn Dataset>, OpenError> {
-    let path = path.as_ref();
-    Ok(match detect(path)? {
-        Format::ImageFolder => Box::new(ImageFolder::open(path)?),
-        Format::Cifar10 | Format::Cifar100 => Box::new(CifarDataset::open(path)?),
-        Format::WebDataset => Box::new(WebDataset::open(path)?),
-    })
-}
-
-/// Detects the format of the dataset at `path` without indexing it.
-pub fn detect(path: &Path) -> Result<Format, OpenError> {
-    let meta = std::fs::metadata(path).map_err(|source| OpenError::Io {
-        path: path.into(),
-        source,
-    })?;
-    if meta.is_file() {
-        return match path.extension().and_then(|e| e.to_str()) {
-            Some("tar") => Ok(Format::WebDataset),
-            Some("bin") => Ok(crate::cifar::variant_of_file(path)),
-            _ => Err(OpenError::UnknownFormat { path: path.into() }),
-        };
-    }
-    let entries = list_dir(path)?;
-    let names: Vec<&str> = entries
-        .iter()
-        .filter_map(|p| p.file_name()?.to_str())
-        .collect();
-    if names.iter().any(|n| n.ends_with(".tar")) {
-        return Ok(Format::WebDataset);
-    }
-    if let Some(variant) = crate::cifar::variant_of_dir(&names) {
-        return Ok(variant);
-    }
-    if entries.iter().any(|p| p.is_dir()) {
-        return Ok(Format::ImageFolder);
-    }
-    Err(OpenError::UnknownFormat { path: path.into() })
-}
-
-/// The entries of a directory, sorted by name, hidden ones (`.name`) left out.
-pub(crate) fn list_dir(dir: &Path) -> Result<Vec<PathBuf>, OpenError> {
-    let unreadable = |source| OpenError::UnreadableDir {
-        path: dir.into(),
-        source,
-    };
-    let mut entries = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-        let entry = entry.map_err(unreadable)?;
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        entries.push(entry.path());
-    }
-    entries.sort();
-    Ok(entries)
-}
-
-/// Reads a class-name file: one name per non-empty line.
-pub(crate) fn read_class_names(path: &Path) -> Result<Vec<String>, OpenError> {
-    let text = std::fs::read_to_string(path).map_err(|source| OpenError::ClassNames {
-        path: path.into(),
-        source,
-    })?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect())
 }
 
 /// `index` as a position in a table of `len` entries, or [`SampleError::OutOfRange`].

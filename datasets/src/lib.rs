@@ -78,21 +78,20 @@
 //! `tracing`: `warn` for a skipped bad sample (one line naming the file); nothing is logged
 //! on the per-sample hot path otherwise.
 
-pub mod cifar;
 mod dataset;
 pub mod decode;
 mod error;
-pub mod imagefolder;
+pub mod formats;
 pub mod inspect;
 pub mod pipeline;
 pub mod rng;
 pub mod sampler;
 pub mod synth;
 pub mod transforms;
-pub mod wds;
 
-pub use dataset::{Dataset, Format, RecordData, detect, open};
+pub use dataset::{Dataset, Format, RecordData};
 pub use error::{AugmentError, DecodeError, GenerateError, OpenError, PipelineError, SampleError};
+pub use formats::{cifar, detect, imagefolder, open, wds};
 pub use pipeline::BadSamplePolicy;
 
 /// The common case: open or generate a dataset and run the pipeline over it.

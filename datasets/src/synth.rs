@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 use serde::Serialize;
 
-use crate::cifar::CIFAR10_CLASSES;
 use crate::dataset::Format;
 use crate::error::GenerateError;
+use crate::formats::cifar::CIFAR10_CLASSES;
 use crate::rng::{SampleRng, Stream};
 
 /// Names of the first ten synthetic classes (colours, as the palettes are).
@@ -496,7 +496,7 @@ fn write_unit(
             })
         }
         Format::Cifar10 | Format::Cifar100 => {
-            let side = crate::cifar::SIDE;
+            let side = crate::formats::cifar::SIDE;
             let path = if config.format == Format::Cifar100 {
                 out.join("train.bin")
             } else {

@@ -7,7 +7,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::{Dataset, Format, RecordData, check_index, list_dir};
+use super::list_dir;
+use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
 
 /// Extensions (lower-case) read as images.

@@ -15,9 +15,10 @@ use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::{Dataset, Format, RecordData, check_index, list_dir, read_class_names};
+use super::imagefolder::IMAGE_EXTENSIONS;
+use super::{list_dir, read_class_names};
+use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
-use crate::imagefolder::IMAGE_EXTENSIONS;
 
 #[derive(Debug)]
 struct Shard {

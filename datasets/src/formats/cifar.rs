@@ -16,7 +16,8 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::{Dataset, Format, RecordData, check_index, list_dir, read_class_names};
+use super::{list_dir, read_class_names};
+use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
 
 /// Side of a CIFAR image.
