@@ -50,12 +50,14 @@ pub(super) struct Live {
     pub peak_mib: Option<u64>,
     /// Simulated GPUs: it has reported its memory (`ladle-sim: mem_mib=…`).
     pub reported: bool,
+    /// When (daemon clock) this daemon started or adopted it.
+    pub since: f64,
     /// When (daemon clock) its process was first seen on its GPUs.
     pub seen_at: Option<f64>,
 }
 
 impl Live {
-    pub(super) fn new(estimate_mib: u64) -> Self {
+    pub(super) fn new(estimate_mib: u64, since: f64) -> Self {
         Self {
             child: None,
             cancel_at: None,
@@ -66,6 +68,7 @@ impl Live {
             stdout_read: 0,
             peak_mib: None,
             reported: false,
+            since,
             seen_at: None,
         }
     }
@@ -146,7 +149,8 @@ impl Daemon {
         if !self.commit(starting) {
             return;
         }
-        self.live.insert(id, Live::new(estimate_mib));
+        let now = self.now();
+        self.live.insert(id, Live::new(estimate_mib, now));
         match self.spawn(id, attempt, gpus, limit_mib) {
             Ok(child) => {
                 let pid = child.id();

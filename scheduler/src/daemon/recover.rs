@@ -66,7 +66,8 @@ impl Daemon {
                 }
             };
             let estimate_mib = self.jobs.jobs.get(&id).map_or(0, |j| j.estimate.mib);
-            self.live.insert(id, Live::new(estimate_mib));
+            let now = self.now();
+            self.live.insert(id, Live::new(estimate_mib, now));
             let marker = format!("ladle-job-{id}.{attempt}");
             let live = pid.filter(|&p| sys::alive(p) && sys::cmdline(p).contains(&marker));
             if let Some(pid) = live {

@@ -70,6 +70,21 @@ fn memory_by_group(
     by_group
 }
 
+/// Ends each GPU's settle lock [`SEEN_GRACE_S`] after the *newest* job on it (the one the
+/// lock is for) was seen; `running` is each job's GPUs, when it was started and when it was
+/// first seen. An older job seen long ago ends nothing: the lock waits for the new one.
+fn settle_on_seen(locked_until: &mut [f64], running: &[(&[usize], f64, Option<f64>)]) {
+    for (g, lock) in locked_until.iter_mut().enumerate() {
+        let newest = running
+            .iter()
+            .filter(|(gpus, _, _)| gpus.contains(&g))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some(&(_, _, Some(seen))) = newest {
+            *lock = lock.min(seen + SEEN_GRACE_S);
+        }
+    }
+}
+
 impl Daemon {
     /// Samples every GPU once, updates the running jobs' peaks and when they were first
     /// seen, and journals the measurements that became due.
@@ -112,23 +127,21 @@ impl Daemon {
                 }
             }
         }
-        self.settle_seen(now);
+        self.settle_seen();
         self.measure(now);
     }
 
     /// Ends the settle lock of GPUs whose newest job has been seen (plus the grace).
-    fn settle_seen(&mut self, now: f64) {
-        for (job, attempt) in self.jobs.running() {
-            let Some(seen) = self.live.get(&job.id).and_then(|l| l.seen_at) else {
-                continue;
-            };
-            for &g in &attempt.gpus {
-                if let Some(lock) = self.locked_until.get_mut(g) {
-                    *lock = lock.min(seen + SEEN_GRACE_S);
-                }
-            }
-        }
-        let _ = now;
+    fn settle_seen(&mut self) {
+        let running: Vec<(&[usize], f64, Option<f64>)> = self
+            .jobs
+            .running()
+            .filter_map(|(job, attempt)| {
+                let live = self.live.get(&job.id)?;
+                Some((&attempt.gpus[..], live.since, live.seen_at))
+            })
+            .collect();
+        settle_on_seen(&mut self.locked_until, &running);
     }
 
     /// Journals the peak of every running attempt seen for the policy's `measure_s` with
@@ -318,6 +331,24 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_settle_lock_waits_for_the_newest_job_not_an_older_one_seen_long_ago() {
+        // GPU 0: a job seen at 10 s, and one started at 100 s not seen yet (lock to 120 s).
+        let mut locks = vec![120.0, 120.0];
+        let (g0, g1): (&[usize], &[usize]) = (&[0], &[1]);
+        settle_on_seen(&mut locks, &[(g0, 5.0, Some(10.0)), (g0, 100.0, None)]);
+        assert_eq!(locks[0], 120.0, "the older job's sighting ends nothing");
+        // Once the new one is seen at 101 s, the lock ends 5 s later.
+        settle_on_seen(
+            &mut locks,
+            &[(g0, 5.0, Some(10.0)), (g0, 100.0, Some(101.0))],
+        );
+        assert_eq!(locks[0], 101.0 + SEEN_GRACE_S);
+        // Never later than the lock the dispatch set.
+        settle_on_seen(&mut locks, &[(g1, 100.0, Some(200.0))]);
+        assert_eq!(locks[1], 120.0);
+    }
 
     #[test]
     fn sim_markers_are_read_from_job_output() {
