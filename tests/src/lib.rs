@@ -276,6 +276,29 @@ impl Drop for Fixture {
     }
 }
 
+/// Spawns a [`sim_sweep`] of two runs of `ladle consume` (batch sizes 16 and 32, 10 ms a
+/// step) that go on until they are cancelled; returns the sweep's process index.
+pub fn spawn_endless_sim_sweep(fx: &mut Fixture, data: &Path, out: &Path) -> usize {
+    let ladle = ladle_bin().to_str().unwrap().to_owned();
+    let mut args = sim_sweep(data, out);
+    args.extend(
+        [
+            "--",
+            &ladle,
+            "consume",
+            "--batch-size",
+            "{16,32}",
+            "--epochs",
+            "100000",
+            "--step-ms",
+            "10",
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fx.spawn(&args)
+}
+
 /// `ladle sweep` of 32×32 crops of `data` in a 2 MiB ring, on 2 simulated GPUs, with a
 /// private scheduler under `out`, no settle time, a 100 ms telemetry tick (windows full in
 /// 3 s) and runs measured after 1 s: what the tests that watch a sweep share.

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ladle_tests::{Fixture, ladle_bin, sim_sweep};
+use ladle_tests::{Fixture, ladle_bin, spawn_endless_sim_sweep};
 use serde_json::Value;
 
 const GUARD: Duration = Duration::from_secs(300);
@@ -127,26 +127,7 @@ fn sigterm_mid_sweep_cancels_every_run_and_leaves_nothing_behind() {
     let mut fx = Fixture::new();
     let data = fx.dataset(100, 80, 60);
     let out = fx.path().join("sweep");
-    let ladle = ladle_bin().to_str().unwrap();
-    let base = sim_sweep(&data, &out);
-    let base: Vec<&str> = base.iter().map(String::as_str).collect();
-    let sweep = fx.spawn(
-        &[
-            &base[..],
-            &[
-                "--",
-                ladle,
-                "consume",
-                "--batch-size",
-                "{16,32}",
-                "--epochs",
-                "100000",
-                "--step-ms",
-                "10",
-            ],
-        ]
-        .concat(),
-    );
+    let sweep = spawn_endless_sim_sweep(&mut fx, &data, &out);
     let socket = out.join("feed.sock");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while processes_of(&socket).len() < 2 {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use ladle_tests::{Fixture, ladle_bin, sim_sweep};
+use ladle_tests::{Fixture, ladle_bin, spawn_endless_sim_sweep};
 
 /// Deadlock guard for each wait (not a speed assertion).
 const GUARD: Duration = Duration::from_secs(120);
@@ -80,25 +80,7 @@ fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
     let out = fx.path().join("sweep");
     let ladle = ladle_bin().to_str().unwrap();
     // Runs that go on until cancelled, stepping slowly enough to be watched.
-    let base = sim_sweep(&data, &out);
-    let base: Vec<&str> = base.iter().map(String::as_str).collect();
-    let sweep = fx.spawn(
-        &[
-            &base[..],
-            &[
-                "--",
-                ladle,
-                "consume",
-                "--batch-size",
-                "{16,32}",
-                "--epochs",
-                "100000",
-                "--step-ms",
-                "10",
-            ],
-        ]
-        .concat(),
-    );
+    let sweep = spawn_endless_sim_sweep(&mut fx, &data, &out);
     let dir: PathBuf = out.join("scheduler");
     wait_for(
         "the sweep's scheduler answering",
