@@ -52,12 +52,13 @@ pub(crate) struct ConsumeArgs {
     check_held: bool,
 }
 
-/// A digest of a batch's images, labels and indices.
+/// A digest of a batch's fields and indices.
 fn digest(batch: &Batch<'_>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    batch.images().hash(&mut hasher);
-    batch.labels().hash(&mut hasher);
+    for field in batch.fields() {
+        field.bytes.hash(&mut hasher);
+    }
     batch.indices().hash(&mut hasher);
     hasher.finish()
 }
@@ -136,16 +137,14 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         })?,
     };
     let dataset = consumer.dataset();
-    let layout = consumer.layout();
     if !args.json {
         eprintln!(
-            "joined {} as consumer {} ({}): {} samples of {}x{} from {}, batches of {}",
+            "joined {} as consumer {} ({}): {} samples of `{}` from {}, batches of {}",
             consumer.socket().display(),
             consumer.consumer_id(),
             consumer.config().name,
             dataset.len,
-            layout.height,
-            layout.width,
+            consumer.schema(),
             dataset.source,
             args.batch_size,
         );

@@ -167,12 +167,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot start serving on {}", args.socket.display()))?;
     let layout = producer.layout();
     eprintln!(
-        "serving {} on {} (ring: {} samples of {}x{}, batch sizes up to {}); Ctrl-C to stop",
+        "serving {} on {} (ring: {} samples of `{}`, batch sizes up to {}); Ctrl-C to stop",
         args.feed.dataset.display(),
         args.socket.display(),
         layout.capacity,
-        layout.height,
-        layout.width,
+        layout.schema,
         layout.max_batch()
     );
     if let Some(name) = &args.name {

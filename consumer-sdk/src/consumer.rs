@@ -12,10 +12,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use ladle_ring::protocol::{self, ClientMessage, DatasetInfo, Hello, ServerMessage};
-use ladle_ring::{ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, sys};
+use ladle_ring::{
+    ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, Schema, sys,
+};
 
 use crate::config::{self, ConsumerConfig};
-use crate::error::{ConnectError, ConsumerError};
+use crate::error::{ConnectError, ConsumerError, FieldError};
+use crate::fields::{AlignedBytes, Element, FieldView, cast};
 
 /// The longest dataset a consumer accepts (2^40 samples; its per-epoch record is then 128 GiB
 /// of bits, so the real limit is memory).
@@ -125,44 +128,53 @@ impl State {
 struct Owned {
     /// The sequence number of the first sample copied.
     first_seq: u64,
-    images: Vec<u8>,
-    labels: Vec<i64>,
+    /// One buffer per schema field, `len × ` its bytes per sample.
+    fields: Vec<AlignedBytes>,
     indices: Vec<u64>,
+    flags: Vec<u64>,
 }
 
 impl Owned {
-    fn with_capacity(samples: usize, sample_bytes: usize) -> Self {
+    fn with_capacity(samples: usize, schema: &Schema) -> Self {
         Self {
             first_seq: 0,
-            images: Vec::with_capacity(samples * sample_bytes),
-            labels: Vec::with_capacity(samples),
+            fields: schema
+                .fields()
+                .iter()
+                .map(|f| AlignedBytes::with_capacity(samples * f.bytes()))
+                .collect(),
             indices: Vec::with_capacity(samples),
+            flags: Vec::with_capacity(samples),
         }
     }
 
-    fn push(&mut self, seq: u64, image: &[u8], label: i64, index: u64) {
+    /// Copies sample `k` of the ring window `(fields, index, flags)` that starts at `seq`.
+    fn push(&mut self, seq: u64, k: usize, fields: &[(&[u8], usize)], index: u64, flags: u64) {
         if self.is_empty() {
             self.first_seq = seq;
         }
-        self.images.extend_from_slice(image);
-        self.labels.push(label);
+        for (owned, &(window, bytes)) in self.fields.iter_mut().zip(fields) {
+            owned.extend(&window[k * bytes..(k + 1) * bytes]);
+        }
         self.indices.push(index);
+        self.flags.push(flags);
     }
 
     fn len(&self) -> usize {
-        self.labels.len()
+        self.indices.len()
     }
 
     /// Keeps the first `samples` samples.
-    fn truncate(&mut self, samples: usize) {
-        let bytes = self.images.len() / self.labels.len().max(1);
-        self.images.truncate(samples * bytes);
-        self.labels.truncate(samples);
+    fn truncate(&mut self, samples: usize, schema: &Schema) {
+        for (owned, field) in self.fields.iter_mut().zip(schema.fields()) {
+            owned.truncate(samples * field.bytes());
+        }
         self.indices.truncate(samples);
+        self.flags.truncate(samples);
     }
 
     fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.indices.is_empty()
     }
 }
 
@@ -291,7 +303,7 @@ impl Consumer {
         };
         // Re-validate the shape: a zero capacity or odd granule must not reach the slot math.
         let sent = welcome.layout;
-        let layout = match RingLayout::new(sent.capacity, sent.height, sent.width) {
+        let layout = match RingLayout::new(sent.capacity, sent.schema) {
             Ok(layout) => layout,
             Err(source) => return Err(ConnectError::Layout { socket, source }),
         };
@@ -714,8 +726,8 @@ impl Consumer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let batch_size = u64::from(self.config.batch_size);
-        let sample_bytes = self.ring.layout().sample_bytes();
-        let mut owned = Owned::with_capacity(batch_size as usize, sample_bytes);
+        let schema = &self.ring.layout().schema;
+        let mut owned = Owned::with_capacity(batch_size as usize, schema);
         loop {
             let (first, count, generation) = {
                 let mut state = self.state();
@@ -753,23 +765,21 @@ impl Consumer {
                 continue;
             }
             // SAFETY: as in `deliver`: published, held, and delivered just now.
-            let (indices, images, labels) = unsafe {
+            let (indices, flags, fields) = unsafe {
+                let fields: Vec<(&[u8], usize)> = (schema.fields().iter().enumerate())
+                    .map(|(k, f)| (self.ring.field(k, first, count as usize), f.bytes()))
+                    .collect();
                 (
                     self.ring.indices(first, count as usize),
-                    self.ring.images(first, count as usize),
-                    self.ring.labels(first, count as usize),
+                    self.ring.flags(first, count as usize),
+                    fields,
                 )
             };
             let mut stop = first + count;
             let before = owned.len();
             for (k, &index) in indices.iter().enumerate() {
                 if state.mark_seen(index, self.dataset.len) {
-                    owned.push(
-                        first + k as u64,
-                        &images[k * sample_bytes..(k + 1) * sample_bytes],
-                        labels[k],
-                        index,
-                    );
+                    owned.push(first + k as u64, k, &fields, index, flags[k]);
                     if owned.len() as u64 == batch_size {
                         stop = first + k as u64 + 1;
                         break;
@@ -783,7 +793,7 @@ impl Consumer {
                 for &index in &owned.indices[before..] {
                     state.unmark_seen(index);
                 }
-                owned.truncate(before);
+                owned.truncate(before, schema);
                 self.rejoin(&mut state)?;
                 continue;
             }
@@ -878,20 +888,30 @@ impl Consumer {
         }
     }
 
-    /// The address and length of this process's read-only mapping of the image region (both
-    /// halves of the double mapping): what a CUDA binding registers (`cuMemHostRegister`,
-    /// read-only flag) so that copies from batches run from pinned memory. Every batch's
-    /// images lie inside it.
-    pub fn images_region(&self) -> (*const u8, usize) {
-        self.ring.images_mapping()
+    /// What a sample of this feed is.
+    pub fn schema(&self) -> &Schema {
+        &self.ring.layout().schema
     }
 
-    /// The address and length of this process's read-only mapping of the labels region (both
-    /// halves of the double mapping), page-aligned: registered beside
-    /// [`Consumer::images_region`] by the `cuda` feature so that labels, too, are copied to
-    /// the device asynchronously. Every batch's labels lie inside it.
-    pub fn labels_region(&self) -> (*const u8, usize) {
-        self.ring.labels_mapping()
+    /// The address and length of this process's read-only mapping of field `name`'s region
+    /// (both halves of the double mapping), page-aligned: what a CUDA binding registers
+    /// (`cuMemHostRegister`, read-only flag) so that copies from batches run from pinned
+    /// memory. Every batch's values of the field lie inside it. `None`: no such field.
+    pub fn field_region(&self, name: &str) -> Option<(*const u8, usize)> {
+        let (k, _) = self.schema().field(name)?;
+        Some(self.ring.field_mapping(k))
+    }
+
+    /// [`Consumer::field_region`] of an image feed's `image` field.
+    pub fn images_region(&self) -> Option<(*const u8, usize)> {
+        self.schema().image_size()?;
+        self.field_region(ladle_ring::schema::IMAGE)
+    }
+
+    /// [`Consumer::field_region`] of the `label: i64` field.
+    pub fn labels_region(&self) -> Option<(*const u8, usize)> {
+        let k = self.schema().label_field()?;
+        Some(self.ring.field_mapping(k))
     }
 
     /// Reads whatever the producer has said, without blocking.
@@ -1072,10 +1092,12 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
 
 impl<C: Deref<Target = Consumer> + Clone> FusedIterator for EpochOf<C> {}
 
-/// A batch: `len` consecutive samples of the ring, read in place (zero copy). Its images are
-/// one contiguous `[B, H, W, 3]` u8 array, its labels `[B]` i64, its dataset indices `[B]`
-/// u64. Dropping it releases its samples to the producer. `C` is how it reaches its consumer:
-/// see [`Batch`] and [`SharedBatch`].
+/// A batch: `len` consecutive samples of the ring, read in place (zero copy). Each field of
+/// the feed's schema is one contiguous `[B, ...shape]` array ([`BatchOf::field`],
+/// [`BatchOf::fields`]); an image feed's images are `[B, H, W, 3]` u8 ([`BatchOf::images`])
+/// and its labels `[B]` i64; the dataset indices are `[B]` u64. Dropping it releases its
+/// samples to the producer. `C` is how it reaches its consumer: see [`Batch`] and
+/// [`SharedBatch`].
 pub struct BatchOf<C: Deref<Target = Consumer>> {
     consumer: C,
     first_seq: u64,
@@ -1094,26 +1116,70 @@ pub type Batch<'a> = BatchOf<&'a Consumer>;
 pub type SharedBatch = BatchOf<Arc<Consumer>>;
 
 impl<C: Deref<Target = Consumer>> BatchOf<C> {
-    /// The images, `[B, H, W, 3]` u8 (HWC), one contiguous slice of the shared ring.
-    pub fn images(&self) -> &[u8] {
+    /// The bytes of field `k`, `B × ` its bytes per sample.
+    fn field_bytes(&self, k: usize) -> &[u8] {
         if let Some(owned) = &self.owned {
-            return &owned.images;
+            return owned.fields[k].as_bytes();
         }
         // SAFETY: `first_seq..first_seq + len` is below the head (`wait_for` returned before
         // this batch was made) and at or above the cursor (this batch is held, and the cursor
         // never passes the oldest held batch), so the producer cannot write these slots while
         // `self` lives; `len <= capacity / 2`. The mapping lives as long as the consumer,
         // which `self` keeps alive.
-        unsafe { self.consumer.ring.images(self.first_seq, self.len) }
+        unsafe { self.consumer.ring.field(k, self.first_seq, self.len) }
     }
 
-    /// The labels, `[B]`.
-    pub fn labels(&self) -> &[i64] {
-        if let Some(owned) = &self.owned {
-            return &owned.labels;
+    /// Every field of the batch, in schema order.
+    pub fn fields(&self) -> impl Iterator<Item = FieldView<'_>> {
+        let schema = &self.consumer.ring.layout().schema;
+        (schema.fields().iter().enumerate()).map(|(k, field)| FieldView {
+            field,
+            len: self.len,
+            bytes: self.field_bytes(k),
+        })
+    }
+
+    /// Field `name`, untyped (any dtype, `f16`, `bf16` and `bool` included); `None`: the
+    /// feed has no such field.
+    pub fn field_view(&self, name: &str) -> Option<FieldView<'_>> {
+        let (k, field) = self.consumer.ring.layout().schema.field(name)?;
+        Some(FieldView {
+            field,
+            len: self.len,
+            bytes: self.field_bytes(k),
+        })
+    }
+
+    /// Field `name` as a flat `[B × ...shape]` slice of `T`, zero copy; an error when the
+    /// feed has no such field or `T` is not its dtype.
+    pub fn field<T: Element>(&self, name: &str) -> Result<&[T], FieldError> {
+        let schema = &self.consumer.ring.layout().schema;
+        let view = self.field_view(name).ok_or_else(|| FieldError::Missing {
+            name: name.to_owned(),
+            schema: schema.to_string(),
+        })?;
+        view.as_slice().ok_or_else(|| FieldError::DType {
+            name: name.to_owned(),
+            dtype: view.dtype(),
+            asked: T::DTYPE,
+        })
+    }
+
+    /// An image feed's images, `[B, H, W, 3]` u8 (HWC), one contiguous slice of the shared
+    /// ring; empty for a feed without an `image: u8[H, W, 3]` field.
+    pub fn images(&self) -> &[u8] {
+        match self.consumer.schema().image_size() {
+            Some(_) => self.field::<u8>(ladle_ring::schema::IMAGE).unwrap_or(&[]),
+            None => &[],
         }
-        // SAFETY: as in `images`.
-        unsafe { self.consumer.ring.labels(self.first_seq, self.len) }
+    }
+
+    /// The labels, `[B]` i64; empty for a feed without a `label: i64` field.
+    pub fn labels(&self) -> &[i64] {
+        match self.consumer.schema().label_field() {
+            Some(k) => cast(self.field_bytes(k)).unwrap_or(&[]),
+            None => &[],
+        }
     }
 
     /// The dataset index of each sample, `[B]`.
@@ -1121,8 +1187,18 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
         if let Some(owned) = &self.owned {
             return &owned.indices;
         }
-        // SAFETY: as in `images`.
+        // SAFETY: as in `field_bytes`.
         unsafe { self.consumer.ring.indices(self.first_seq, self.len) }
+    }
+
+    /// Each sample's flags word, `[B]` ([`ladle_ring::FLAG_BAD`]: the producer could not
+    /// make it).
+    pub fn flags(&self) -> &[u64] {
+        if let Some(owned) = &self.owned {
+            return &owned.flags;
+        }
+        // SAFETY: as in `field_bytes`.
+        unsafe { self.consumer.ring.flags(self.first_seq, self.len) }
     }
 
     /// Samples in this batch (the batch size, or fewer for an epoch's last batch).
@@ -1130,11 +1206,12 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
         self.len
     }
 
-    /// Samples in this batch that the producer could not read or decode: each is an all-zero
-    /// image with label −1 (the epoch keeps its length and its coverage). Usually 0; the
-    /// producer logs each such sample with its file name.
+    /// Samples in this batch that the producer could not read, decode or make: each has
+    /// every field zero (an image feed's label is −1) and the bad flag, so the epoch keeps
+    /// its length and its coverage. Usually 0; the producer logs each such sample.
     pub fn bad_count(&self) -> usize {
-        self.labels().iter().filter(|&&label| label < 0).count()
+        let bad = |&&f: &&u64| f & ladle_ring::FLAG_BAD != 0;
+        self.flags().iter().filter(bad).count()
     }
 
     /// Whether the batch still holds what it was handed out with. A batch is a view of the
@@ -1160,15 +1237,11 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
         self.len == 0
     }
 
-    /// `[B, H, W, 3]`, the shape of [`BatchOf::images`].
+    /// `[B, H, W, 3]`, the shape of [`BatchOf::images`] (`[B, 0, 0, 3]` for a feed without
+    /// images).
     pub fn shape(&self) -> [usize; 4] {
-        let layout = self.consumer.ring.layout();
-        [
-            self.len,
-            layout.height as usize,
-            layout.width as usize,
-            ladle_ring::layout::CHANNELS as usize,
-        ]
+        let (h, w) = self.consumer.schema().image_size().unwrap_or((0, 0));
+        [self.len, h as usize, w as usize, 3]
     }
 
     /// The consumer's epoch this batch belongs to.

@@ -219,3 +219,27 @@ impl ConsumerError {
         !matches!(self, Self::TooManyBatchesHeld { .. })
     }
 }
+
+/// A field of a batch that cannot be viewed as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FieldError {
+    /// The feed's schema has no field of that name.
+    #[error("the feed has no field {name:?}; its samples are `{schema}`")]
+    Missing {
+        /// The name asked for.
+        name: String,
+        /// The feed's schema, in its text form.
+        schema: String,
+    },
+    /// The field is of another dtype than the one asked for.
+    #[error("field {name:?} is {dtype}, not {asked}")]
+    DType {
+        /// The field.
+        name: String,
+        /// Its dtype.
+        dtype: ladle_ring::DType,
+        /// The dtype asked for.
+        asked: ladle_ring::DType,
+    },
+}

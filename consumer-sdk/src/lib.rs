@@ -111,16 +111,19 @@ mod convert;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod fields;
 
 pub use config::{ConsumerConfig, RUN_ENV, SOCKET_ENV};
 pub use consumer::{
     Batch, BatchOf, Consumer, Epoch, EpochOf, MAX_DATASET_LEN, SharedBatch, SharedEpoch,
 };
 pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
-pub use error::{ConnectError, ConsumerError};
+pub use error::{ConnectError, ConsumerError, FieldError};
+pub use fields::{Element, FieldView};
 pub use ladle_ring::PROTOCOL_VERSION;
 pub use ladle_ring::RingLayout;
 pub use ladle_ring::protocol::DatasetInfo;
+pub use ladle_ring::{DType, Field, Schema, schema};
 
 /// The types a training loop needs: `use ladle_consumer::prelude::*;`.
 pub mod prelude {

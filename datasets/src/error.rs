@@ -120,6 +120,15 @@ pub enum SampleError {
         /// The dataset's length.
         len: u64,
     },
+    /// A sample source other than the image pipeline could not make the sample: the user's
+    /// `__getitem__` raised, returned what does not fit the schema, or its worker died.
+    #[error("sample {location}: {message}")]
+    Source {
+        /// Which sample (`index 12`, with the dataset's name).
+        location: String,
+        /// What went wrong, as the source said it.
+        message: String,
+    },
     /// The image decoded but could not be augmented (e.g. the output buffer is too small).
     #[error("cannot augment {location}: {source}")]
     Augment {
@@ -163,6 +172,7 @@ impl SampleError {
             | Self::Decode { location, .. }
             | Self::MissingLabel { location }
             | Self::BadLabel { location, .. }
+            | Self::Source { location, .. }
             | Self::Augment { location, .. } => Some(location),
             Self::OutOfRange { .. } => None,
         }

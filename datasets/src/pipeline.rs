@@ -2,11 +2,13 @@
 //!
 //! A caller hands [`Pipeline::run`] a stream of [`WorkItem`]s `(seq, index, epoch)` and a
 //! [`SampleSink`] that owns the output memory (a ring slot per `seq` in the producer, a plain
-//! buffer in benchmarks). `T` worker threads each keep one [`SampleProcessor`] (reader scratch,
-//! decoder buffers, resizer) and write every sample straight into the sink's slot for its
-//! `seq`: no intermediate copy and, once the buffers have grown, no allocation of ours per
-//! sample. Samples complete out of order; the sink sees each `seq` once, with its label or
-//! the error.
+//! buffer in benchmarks): one byte slice per field of the sample (an image feed's `image`
+//! and `label`). `T` worker threads each keep one [`SampleMaker`] and write every sample
+//! straight into the sink's slot for its `seq`: no intermediate copy and, once the buffers
+//! have grown, no allocation of ours per sample. The image maker ([`SampleProcessor`]:
+//! reader scratch, decoder buffers, transforms) is the native path; [`Pipeline::run_with`]
+//! takes any other (the Python producer's, which hands each sample to a worker process).
+//! Samples complete out of order; the sink sees each `seq` once, with the outcome.
 //!
 //! A sample that cannot be read or decoded is handled by the [`BadSamplePolicy`]: skipped and
 //! counted with a warning (the default), or the run stops with [`PipelineError::Sample`].
@@ -52,18 +54,51 @@ pub trait SampleSink: Sync {
     /// for the item's ring slot; `()` for sinks that need none.
     type Ticket: Send;
 
-    /// Runs `fill` on the output buffer of `item` ([`Transforms::output_len`] bytes). Called
-    /// once per item, from any worker thread, possibly concurrently for different items.
+    /// Runs `fill` on the output buffers of `item`, one per field of the sample (for an
+    /// image feed: [`Transforms::output_len`] bytes of image, then 8 of label). Called once
+    /// per item, from any worker thread, possibly concurrently for different items.
     fn write<R>(
         &self,
         ticket: &mut Self::Ticket,
         item: &WorkItem,
-        fill: impl FnOnce(&mut [u8]) -> R,
+        fill: impl FnOnce(&mut [&mut [u8]]) -> R,
     ) -> R;
 
-    /// `item` is finished: `Ok(label)` when its slot holds the sample, or the error that
-    /// left the slot unwritten.
-    fn complete(&self, ticket: Self::Ticket, item: WorkItem, outcome: Result<i64, &SampleError>);
+    /// `item` is finished: `Ok` when its slot holds the sample, or the error that left the
+    /// slot unwritten.
+    fn complete(&self, ticket: Self::Ticket, item: WorkItem, outcome: Result<(), &SampleError>);
+}
+
+/// Makes samples into a sink's buffers; each worker thread has its own.
+pub trait SampleMaker {
+    /// Writes sample `item.index` (as in `item.epoch`) into `fields`, one byte slice per
+    /// field of the feed's schema, in order.
+    fn make(&mut self, item: &WorkItem, fields: &mut [&mut [u8]]) -> Result<(), SampleError>;
+}
+
+impl<M: SampleMaker + ?Sized> SampleMaker for Box<M> {
+    fn make(&mut self, item: &WorkItem, fields: &mut [&mut [u8]]) -> Result<(), SampleError> {
+        (**self).make(item, fields)
+    }
+}
+
+/// The native image maker: reads, decodes and transforms `image` and writes the `label`.
+struct ImageMaker<'d> {
+    processor: SampleProcessor,
+    dataset: &'d dyn Dataset,
+}
+
+impl SampleMaker for ImageMaker<'_> {
+    fn make(&mut self, item: &WorkItem, fields: &mut [&mut [u8]]) -> Result<(), SampleError> {
+        let [image, label, ..] = fields else {
+            panic!("an image sink gives an image and a label buffer");
+        };
+        let value = self
+            .processor
+            .process(self.dataset, item.index, item.epoch, image)?;
+        label.copy_from_slice(&value.to_ne_bytes());
+        Ok(())
+    }
 }
 
 /// Where the pipeline's work comes from: an iterator, or a source that may have to wait
@@ -91,30 +126,33 @@ where
     }
 }
 
-/// A plain in-memory sink: `slots` buffers reused round-robin by `seq`. For benchmarks, tests
-/// and tools that want augmented samples without a ring.
+/// A plain in-memory sink of image samples: `slots` buffers reused round-robin by `seq`. For
+/// benchmarks, tests and tools that want augmented samples without a ring.
 #[derive(Debug)]
 pub struct SlotBuffer {
-    slots: Vec<Mutex<(Vec<u8>, Option<i64>)>>,
+    slots: Vec<Mutex<Slot>>,
 }
 
+/// One [`SlotBuffer`] slot: image bytes, label bytes, and whether the last write succeeded.
+type Slot = (Vec<u8>, [u8; 8], bool);
+
 impl SlotBuffer {
-    /// `slots` buffers of `sample_len` bytes each.
+    /// `slots` buffers of `sample_len` image bytes each.
     pub fn new(slots: usize, sample_len: usize) -> Self {
         Self {
             slots: (0..slots.max(1))
-                .map(|_| Mutex::new((vec![0; sample_len], None)))
+                .map(|_| Mutex::new((vec![0; sample_len], [0; 8], false)))
                 .collect(),
         }
     }
 
-    /// A copy of the sample and label last written for `seq` (`None` if it failed).
+    /// A copy of the image and label last written for `seq` (`None` if it failed).
     pub fn get(&self, seq: u64) -> Option<(Vec<u8>, i64)> {
         let slot = self.slot(seq).lock().unwrap_or_else(|p| p.into_inner());
-        slot.1.map(|label| (slot.0.clone(), label))
+        slot.2.then(|| (slot.0.clone(), i64::from_ne_bytes(slot.1)))
     }
 
-    fn slot(&self, seq: u64) -> &Mutex<(Vec<u8>, Option<i64>)> {
+    fn slot(&self, seq: u64) -> &Mutex<Slot> {
         &self.slots[(seq % self.slots.len() as u64) as usize]
     }
 }
@@ -122,21 +160,22 @@ impl SlotBuffer {
 impl SampleSink for SlotBuffer {
     type Ticket = ();
 
-    fn write<R>(&self, _: &mut (), item: &WorkItem, fill: impl FnOnce(&mut [u8]) -> R) -> R {
+    fn write<R>(&self, _: &mut (), item: &WorkItem, fill: impl FnOnce(&mut [&mut [u8]]) -> R) -> R {
         let mut slot = self
             .slot(item.seq)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        slot.1 = None;
-        fill(&mut slot.0)
+        let (image, label, done) = &mut *slot;
+        *done = false;
+        fill(&mut [image.as_mut_slice(), label.as_mut_slice()])
     }
 
-    fn complete(&self, _: (), item: WorkItem, outcome: Result<i64, &SampleError>) {
+    fn complete(&self, _: (), item: WorkItem, outcome: Result<(), &SampleError>) {
         let mut slot = self
             .slot(item.seq)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        slot.1 = outcome.ok();
+        slot.2 = outcome.is_ok();
     }
 }
 
@@ -302,23 +341,38 @@ impl Pipeline {
         items: impl WorkSource<Item = (WorkItem, S::Ticket)>,
         sink: &S,
     ) -> Result<RunStats, PipelineError> {
+        let (augment, seed) = (&self.config.augment, self.config.seed);
+        let make = || ImageMaker {
+            processor: SampleProcessor::new(augment.clone(), seed),
+            dataset,
+        };
+        self.run_with(make, items, sink)
+    }
+
+    /// Runs the items on the worker threads with a maker of their own each (from `make`), not
+    /// the image pipeline: the threads, the chunked hand-off, the retries of transient
+    /// errors and the bad-sample policy are the same.
+    pub fn run_with<S: SampleSink, M: SampleMaker>(
+        &self,
+        make: impl Fn() -> M + Sync,
+        items: impl WorkSource<Item = (WorkItem, S::Ticket)>,
+        sink: &S,
+    ) -> Result<RunStats, PipelineError> {
         let written = AtomicU64::new(0);
         let skipped = AtomicU64::new(0);
         let failure = Mutex::new(None);
-        let (augment, seed, policy) = (&self.config.augment, self.config.seed, self.config.policy);
+        let policy = self.config.policy;
         for_each_parallel(
             items,
             self.config.threads,
-            || SampleProcessor::new(augment.clone(), seed),
-            |processor, (item, mut ticket): (WorkItem, S::Ticket)| {
-                let outcome = sink.write(&mut ticket, &item, |out| {
-                    with_retries(&item, || {
-                        processor.process(dataset, item.index, item.epoch, out)
-                    })
+            make,
+            |maker, (item, mut ticket): (WorkItem, S::Ticket)| {
+                let outcome = sink.write(&mut ticket, &item, |fields| {
+                    with_retries(&item, || maker.make(&item, fields))
                 });
-                sink.complete(ticket, item, outcome.as_ref().copied());
+                sink.complete(ticket, item, outcome.as_ref().map(|_| ()));
                 match outcome {
-                    Ok(_) => {
+                    Ok(()) => {
                         written.fetch_add(1, Ordering::Relaxed);
                         ControlFlow::Continue(())
                     }

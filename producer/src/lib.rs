@@ -61,12 +61,14 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ladle_datasets::pipeline::{PipelineConfig, SampleSink, WorkItem, WorkSource, default_threads};
+use ladle_datasets::pipeline::{
+    PipelineConfig, SampleMaker, SampleSink, WorkItem, WorkSource, default_threads,
+};
 use ladle_datasets::transforms::Transforms;
 use ladle_datasets::{BadSamplePolicy, Dataset, PipelineError, SampleError};
 use ladle_ring::protocol::{ConsumerInfo, DatasetInfo, FeedStats, ServerMessage};
 use ladle_ring::{
-    CursorPage, Gate, LayoutError, ProducerRing, Readers, RingLayout, ShmError, WriteLoan,
+    CursorPage, Gate, LayoutError, ProducerRing, Readers, RingLayout, Schema, ShmError, WriteLoan,
 };
 
 use crate::feed::{CutPoints, Feed};
@@ -84,9 +86,10 @@ pub struct ProducerConfig {
     pub socket: PathBuf,
     /// Bytes of shared memory for the ring.
     pub ring_bytes: u64,
-    /// The transform pipeline; its output size is the ring's image size.
+    /// The transform pipeline of an image feed; its output size is the ring's image size.
+    /// Unused by a [`CustomSource`].
     pub augment: Transforms,
-    /// Decode threads.
+    /// Decode threads (for a [`CustomSource`]: its makers, one per thread).
     pub threads: usize,
     /// Seed of the permutations and the augmentation.
     pub seed: u64,
@@ -143,6 +146,25 @@ pub enum ProducerError {
     /// An option is out of range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+}
+
+/// Where a feed's samples come from when they are not images the native pipeline decodes:
+/// samples of any [`Schema`], made by one [`SampleMaker`] per pipeline thread (the Python
+/// producer's makers hand each sample to a worker process that writes it into the slot).
+pub trait CustomSource: Send + Sync + std::fmt::Debug {
+    /// What a sample is.
+    fn schema(&self) -> &Schema;
+    /// Samples per epoch, class names (may be empty) and a name for logs.
+    fn info(&self) -> DatasetInfo;
+    /// A maker for one pipeline thread; called once per thread when the feed starts.
+    fn maker(&self) -> Box<dyn SampleMaker + '_>;
+}
+
+/// What a producer serves: a native image dataset, or a [`CustomSource`].
+#[derive(Debug, Clone)]
+enum Source {
+    Images(Arc<dyn Dataset>),
+    Custom(Arc<dyn CustomSource>),
 }
 
 /// How long a consumer has held the feed back, as the feeder watches it.
@@ -256,7 +278,7 @@ pub(crate) struct State {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) ring: ProducerRing,
-    pub(crate) dataset: Arc<dyn Dataset>,
+    source: Source,
     pub(crate) info: DatasetInfo,
     pub(crate) state: Mutex<State>,
     /// Signalled when a consumer joins or leaves.
@@ -478,23 +500,15 @@ impl<'a> SampleSink for RingSink<'a> {
         &self,
         loan: &mut WriteLoan<'a>,
         _: &WorkItem,
-        fill: impl FnOnce(&mut [u8]) -> R,
+        fill: impl FnOnce(&mut [&mut [u8]]) -> R,
     ) -> R {
-        let (image, _, _) = loan.slot();
-        fill(image)
+        fill(loan.slot().fields())
     }
 
-    fn complete(
-        &self,
-        mut loan: WriteLoan<'a>,
-        item: WorkItem,
-        outcome: Result<i64, &SampleError>,
-    ) {
+    fn complete(&self, mut loan: WriteLoan<'a>, item: WorkItem, outcome: Result<(), &SampleError>) {
         let head = match outcome {
-            Ok(label) => {
-                let (_, slot_label, index) = loan.slot();
-                *slot_label = label;
-                *index = item.index;
+            Ok(()) => {
+                *loan.slot().index = item.index;
                 loan.commit()
             }
             Err(_) => {
@@ -555,8 +569,33 @@ impl Producer {
         config: ProducerConfig,
         stop: Arc<AtomicBool>,
     ) -> Result<Self, ProducerError> {
-        let size = config.augment.size();
-        let layout = RingLayout::for_budget(config.ring_bytes, size, size)?;
+        Self::start_source(Source::Images(dataset), config, stop)
+    }
+
+    /// Serves samples of any schema from `source` (see [`CustomSource`]); `config.augment`
+    /// is not used. Stops when `stop` becomes true.
+    pub fn start_custom(
+        source: Arc<dyn CustomSource>,
+        config: ProducerConfig,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Self, ProducerError> {
+        Self::start_source(Source::Custom(source), config, stop)
+    }
+
+    fn start_source(
+        source: Source,
+        config: ProducerConfig,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Self, ProducerError> {
+        let layout = match &source {
+            Source::Images(_) => {
+                let size = config.augment.size();
+                RingLayout::image_for_budget(config.ring_bytes, size, size)?
+            }
+            Source::Custom(custom) => {
+                RingLayout::for_budget(config.ring_bytes, custom.schema().clone())?
+            }
+        };
         if config.stall_timeout < Duration::from_millis(100) {
             return Err(ProducerError::InvalidOption(format!(
                 "the stall timeout must be at least 100 ms, not {:?}",
@@ -575,28 +614,32 @@ impl Producer {
             policy: config.policy,
         }
         .build()?;
-        let listener = server::bind(&config.socket)?;
-        let ring = ProducerRing::create(layout)?;
-        let readers = ring.readers().ok_or_else(|| {
-            ProducerError::InvalidOption("the ring's reader set was already taken".into())
-        })?;
-        let info = DatasetInfo {
-            len: dataset.len(),
-            class_names: dataset.class_names().to_vec(),
-            source: dataset.root().display().to_string(),
+        let info = match &source {
+            Source::Images(dataset) => DatasetInfo {
+                len: dataset.len(),
+                class_names: dataset.class_names().to_vec(),
+                source: dataset.root().display().to_string(),
+            },
+            Source::Custom(custom) => custom.info(),
         };
+        let listener = server::bind(&config.socket)?;
         tracing::info!(
-            "serving {} samples of {} on {} (ring: {} samples of {size}x{size}, {} MiB, {} threads)",
+            "serving {} samples of {} on {} (ring: {} samples of {}, {} MiB, {} threads)",
             info.len,
             info.source,
             config.socket.display(),
             layout.capacity,
+            layout.schema,
             layout.file_len() >> 20,
             config.threads
         );
+        let ring = ProducerRing::create(layout)?;
+        let readers = ring.readers().ok_or_else(|| {
+            ProducerError::InvalidOption("the ring's reader set was already taken".into())
+        })?;
         let shared = Arc::new(Shared {
             ring,
-            dataset,
+            source,
             info,
             state: Mutex::new(State {
                 readers,
@@ -649,7 +692,7 @@ impl Producer {
 
     /// The ring's layout.
     pub fn layout(&self) -> RingLayout {
-        *self.shared.ring.layout()
+        self.shared.ring.layout().clone()
     }
 
     /// Samples published so far.
@@ -884,6 +927,10 @@ fn run_feeder(
         feed: Feed::new(shared.info.len, seed),
         alone_since: None,
     };
-    pipeline.run_from(shared.dataset.as_ref(), source, &RingSink { shared })?;
+    let sink = RingSink { shared };
+    match &shared.source {
+        Source::Images(dataset) => pipeline.run_from(dataset.as_ref(), source, &sink)?,
+        Source::Custom(custom) => pipeline.run_with(|| custom.maker(), source, &sink)?,
+    };
     Ok(())
 }

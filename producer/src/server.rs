@@ -230,7 +230,7 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         )
         .into());
     }
-    let layout = *shared.ring.layout();
+    let layout = shared.ring.layout();
     if batch_size == 0 || u64::from(batch_size) > layout.max_batch() {
         return Err(format!(
             "batch size {batch_size} is outside 1..={} (half the ring's {} samples)",
@@ -251,7 +251,7 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     let welcome = Welcome {
         version: PROTOCOL_VERSION,
         consumer_id: id,
-        layout,
+        layout: layout.clone(),
         dataset: shared.info.clone(),
         start_seq: start,
     };

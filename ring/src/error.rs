@@ -11,7 +11,7 @@ pub enum LayoutError {
     Capacity {
         /// Requested capacity.
         capacity: u64,
-        /// The granule for this image size.
+        /// The granule for this schema.
         granule: u64,
     },
     /// Zero or absurd image sides.
@@ -22,6 +22,9 @@ pub enum LayoutError {
         /// Width.
         width: u32,
     },
+    /// A schema that cannot be laid out.
+    #[error(transparent)]
+    Schema(#[from] crate::schema::SchemaError),
     /// The ring would exceed 1 TiB.
     #[error("a ring of {capacity} samples is too large")]
     TooLarge {

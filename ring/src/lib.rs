@@ -3,9 +3,11 @@
 //! In `docs/ARCHITECTURE.md`'s picture this crate is the box in the middle: the one contract both
 //! the producer and every consumer share, and the only crate the consumer SDK needs.
 //!
-//! - [`layout`]: where the images (`[C,H,W,3]` u8), labels (`i64`) and dataset indices (`u64`)
-//!   live in one `memfd`, each region mapped twice back to back so that any window of up to
-//!   `C` samples is one contiguous slice.
+//! - [`schema`]: what a sample is, named fields of fixed dtype and shape (an image feed is
+//!   `image: u8[H,W,3], label: i64`); it travels in `Welcome`.
+//! - [`layout`]: where each field (`[C, ...shape]`), the dataset indices (`u64`) and the
+//!   per-sample flags (`u64`, bit 0: bad) live in one `memfd`, each region mapped twice back
+//!   to back so that any window of up to `C` samples is one contiguous slice of every field.
 //! - [`shm`]: the producer's read-write view ([`ProducerRing`]: create, pre-fault, seal, write
 //!   slots, publish the head) and a consumer's read-only view ([`ConsumerRing`]); the
 //!   per-consumer [`CursorPage`]. Waiting uses futexes in the cursor page, both ways: the
@@ -32,6 +34,7 @@ pub mod error;
 pub mod layout;
 pub mod protocol;
 pub mod protocol_core;
+pub mod schema;
 #[cfg(not(loom))]
 pub mod shm;
 mod sync;
@@ -40,9 +43,10 @@ pub mod sys;
 pub mod writer;
 
 pub use error::{LayoutError, ProtocolError, ShmError};
-pub use layout::RingLayout;
+pub use layout::{FLAG_BAD, RingLayout};
 pub use protocol::PROTOCOL_VERSION;
+pub use schema::{DType, Field, Schema, SchemaError};
 #[cfg(not(loom))]
-pub use shm::{ConsumerRing, CursorPage, LetGo, ProducerRing};
+pub use shm::{ConsumerRing, CursorPage, LetGo, ProducerRing, SlotMut};
 #[cfg(not(loom))]
 pub use writer::{AttachError, Gate, Readers, Violation, WriteLoan};

@@ -24,6 +24,10 @@
 //! lease word makes its next delivery fail (`CursorPage::deliver`), so it never hands out a
 //! batch from slots the producer may have overwritten. It then sends `Rejoin` and is attached
 //! again at the producer's next sequence, like a late joiner (protocol version 3).
+//!
+//! Version 4: the layout in `Welcome` carries the feed's [`Schema`](crate::Schema) (named
+//! fields of any dtype and shape, one ring region each) and the ring has a flags region; a
+//! consumer of another version is refused with a `Reject` that names both versions.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -36,7 +40,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::error::ShmError;
 use crate::layout::RingLayout;
 use crate::protocol_core;
+use crate::schema::MAX_FIELDS;
 use crate::sys::{self, Mapping, PAGE};
 use crate::writer::{self, Publisher, PublisherLock, TakenFlag};
 
@@ -51,25 +52,82 @@ struct CursorWords {
     lease: AtomicU64,
 }
 
-/// The three double-mapped sample regions.
+/// The double-mapped sample regions: one per schema field, then the indices and the flags.
 #[derive(Debug)]
 struct Regions {
-    images: Mapping,
-    labels: Mapping,
+    fields: Vec<Mapping>,
     indices: Mapping,
+    flags: Mapping,
 }
 
 impl Regions {
     fn map(fd: BorrowedFd<'_>, layout: &RingLayout, writable: bool) -> Result<Self, ShmError> {
-        let map = |(off, len): (u64, usize)| {
-            Mapping::new(fd, off, len, writable, true)
-                .map_err(ShmError::os("mapping a ring region"))
-        };
+        let mut maps = layout
+            .regions()
+            .into_iter()
+            .map(|(off, len)| {
+                Mapping::new(fd, off, len, writable, true)
+                    .map_err(ShmError::os("mapping a ring region"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let flags = maps.pop().expect("a layout has a flags region");
+        let indices = maps.pop().expect("a layout has an indices region");
         Ok(Self {
-            images: map(layout.images())?,
-            labels: map(layout.labels())?,
-            indices: map(layout.indices())?,
+            fields: maps,
+            indices,
+            flags,
         })
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Mapping> {
+        self.fields.iter().chain([&self.indices, &self.flags])
+    }
+
+    fn prefault(&self, writable: bool) -> Result<(), ShmError> {
+        for m in self.all() {
+            m.prefault(writable)
+                .map_err(ShmError::os("pre-faulting the ring"))?;
+        }
+        Ok(())
+    }
+}
+
+/// One slot's writable buffers, from [`WriteLoan::slot`](crate::writer::WriteLoan::slot): a
+/// byte slice per schema field (in schema order), the dataset index and the flags word.
+#[derive(Debug)]
+pub struct SlotMut<'a> {
+    fields: [&'a mut [u8]; MAX_FIELDS],
+    count: usize,
+    /// The sample's dataset index.
+    pub index: &'a mut u64,
+    /// The sample's flags ([`FLAG_BAD`](crate::layout::FLAG_BAD)); a commit sets them.
+    pub(crate) flags: &'a mut u64,
+}
+
+impl<'a> SlotMut<'a> {
+    /// Every field's bytes, in schema order.
+    pub fn fields(&mut self) -> &mut [&'a mut [u8]] {
+        &mut self.fields[..self.count]
+    }
+
+    /// Field `k`'s bytes.
+    ///
+    /// # Panics
+    /// If `k` is not a field of the schema.
+    pub fn field(&mut self, k: usize) -> &mut [u8] {
+        self.fields()[k]
+    }
+
+    /// Zeroes every field and sets an `i64` `label` (when the schema has one) to −1: what
+    /// a bad sample holds.
+    pub(crate) fn clear_bad(&mut self, label: Option<usize>) {
+        for field in self.fields() {
+            field.fill(0);
+        }
+        if let Some(k) = label {
+            self.field(k).copy_from_slice(&(-1i64).to_ne_bytes());
+        }
+        *self.flags = crate::layout::FLAG_BAD;
     }
 }
 
@@ -93,20 +151,18 @@ impl ProducerRing {
         let header = Mapping::new(fd.as_fd(), 0, PAGE, true, false)
             .map_err(ShmError::os("mapping the ring header"))?;
         let regions = Regions::map(fd.as_fd(), &layout, true)?;
-        for m in [&regions.images, &regions.labels, &regions.indices] {
-            m.prefault(true)
-                .map_err(ShmError::os("pre-faulting the ring"))?;
-        }
+        regions.prefault(true)?;
         // From here on nobody can map the file writable or resize it: consumers get it
         // read-only whatever they try.
         sys::seal_against_writers(fd.as_fd()).map_err(ShmError::os("sealing the ring"))?;
+        let capacity = layout.capacity;
         let ring = Self {
             layout,
             fd,
             header,
             regions,
             id: writer::new_ring_id(),
-            publisher: PublisherLock::new(Publisher::new(layout.capacity)),
+            publisher: PublisherLock::new(Publisher::new(capacity)),
             readers_taken: TakenFlag::new(false),
         };
         ring.header().magic.store(MAGIC, Ordering::Release);
@@ -146,28 +202,31 @@ impl ProducerRing {
         &self.readers_taken
     }
 
-    /// The writable buffers of sequence `seq`: its image, label and dataset index. Reached
+    /// The writable buffers of sequence `seq`: its fields, dataset index and flags. Reached
     /// only through a [`WriteLoan`](crate::writer::WriteLoan) outside tests.
     ///
     /// # Safety
     /// The caller must be the only one touching `seq`'s slot until it is published, and
     /// the slot must be free: `protocol_core::may_write(seq, min_cursor, capacity)` held for
     /// the cursors of all live consumers, and `seq` is at or above the head.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slot_mut(&self, seq: u64) -> (&mut [u8], &mut i64, &mut u64) {
+    pub(crate) unsafe fn slot_mut(&self, seq: u64) -> SlotMut<'_> {
         let slot = (seq % self.layout.capacity) as usize;
-        let bytes = self.layout.sample_bytes();
-        // SAFETY: `slot < capacity`, so each pointer stays inside its region's first copy;
-        // exclusivity is the caller's contract above.
+        let mut fields: [&mut [u8]; MAX_FIELDS] = std::array::from_fn(|_| Default::default());
+        let schema = self.layout.schema.fields();
+        for ((out, map), field) in fields.iter_mut().zip(&self.regions.fields).zip(schema) {
+            let bytes = field.bytes();
+            // SAFETY: `slot < capacity`, so the slice stays inside the region's first copy;
+            // exclusivity is the caller's contract above.
+            *out = unsafe { std::slice::from_raw_parts_mut(map.as_ptr().add(slot * bytes), bytes) };
+        }
+        // SAFETY: as above; both word regions are page-aligned, so 8-byte aligned.
         unsafe {
-            (
-                std::slice::from_raw_parts_mut(
-                    self.regions.images.as_ptr().add(slot * bytes),
-                    bytes,
-                ),
-                &mut *self.regions.labels.as_ptr().cast::<i64>().add(slot),
-                &mut *self.regions.indices.as_ptr().cast::<u64>().add(slot),
-            )
+            SlotMut {
+                fields,
+                count: schema.len(),
+                index: &mut *self.regions.indices.as_ptr().cast::<u64>().add(slot),
+                flags: &mut *self.regions.flags.as_ptr().cast::<u64>().add(slot),
+            }
         }
     }
 
@@ -207,10 +266,7 @@ impl ConsumerRing {
         let header = Mapping::new(fd, 0, PAGE, false, false)
             .map_err(ShmError::os("mapping the ring header"))?;
         let regions = Regions::map(fd, &layout, false)?;
-        for m in [&regions.images, &regions.labels, &regions.indices] {
-            m.prefault(false)
-                .map_err(ShmError::os("pre-faulting the ring"))?;
-        }
+        regions.prefault(false)?;
         let ring = Self {
             layout,
             header,
@@ -264,64 +320,61 @@ impl ConsumerRing {
         }
     }
 
-    /// `count` images from sequence `start`, as one contiguous `[count, H, W, 3]` slice.
+    /// `count` samples of field `k` from sequence `start`, as one contiguous
+    /// `[count, ...shape]` byte slice.
     ///
     /// # Safety
     /// `start..start + count` must be published (below the head) and not released by this
     /// consumer (at or above its cursor), so the producer cannot be writing them; and
     /// `count <= capacity`.
-    pub unsafe fn images(&self, start: u64, count: usize) -> &[u8] {
-        let bytes = self.layout.sample_bytes();
+    ///
+    /// # Panics
+    /// If `k` is not a field of the schema.
+    pub unsafe fn field(&self, k: usize, start: u64, count: usize) -> &[u8] {
+        let bytes = self.layout.schema.fields()[k].bytes();
         let slot = (start % self.layout.capacity) as usize;
         // SAFETY: slot + count <= 2 × capacity, inside the double mapping; no concurrent
         // writer by the caller's contract.
         unsafe {
             std::slice::from_raw_parts(
-                self.regions.images.as_ptr().add(slot * bytes),
+                self.regions.fields[k].as_ptr().add(slot * bytes),
                 count * bytes,
             )
-        }
-    }
-
-    /// `count` labels from sequence `start`.
-    ///
-    /// # Safety
-    /// As for [`ConsumerRing::images`].
-    pub unsafe fn labels(&self, start: u64, count: usize) -> &[i64] {
-        let slot = (start % self.layout.capacity) as usize;
-        // SAFETY: as in `images`; the region is 8-byte aligned (page-aligned).
-        unsafe {
-            std::slice::from_raw_parts(self.regions.labels.as_ptr().cast::<i64>().add(slot), count)
         }
     }
 
     /// `count` dataset indices from sequence `start`.
     ///
     /// # Safety
-    /// As for [`ConsumerRing::images`].
+    /// As for [`ConsumerRing::field`].
     pub unsafe fn indices(&self, start: u64, count: usize) -> &[u64] {
-        let slot = (start % self.layout.capacity) as usize;
-        // SAFETY: as in `labels`.
-        unsafe {
-            std::slice::from_raw_parts(self.regions.indices.as_ptr().cast::<u64>().add(slot), count)
-        }
+        // SAFETY: as in `field`; the region is page-aligned, so 8-byte aligned.
+        unsafe { Self::words(&self.regions.indices, self.layout.capacity, start, count) }
     }
 
-    /// The start of the images mapping (for registering it with CUDA, say).
-    pub fn images_mapping(&self) -> (*const u8, usize) {
-        (
-            self.regions.images.as_ptr(),
-            self.regions.images.copy_len() * 2,
-        )
+    /// `count` flags words ([`FLAG_BAD`](crate::layout::FLAG_BAD)) from sequence `start`.
+    ///
+    /// # Safety
+    /// As for [`ConsumerRing::field`].
+    pub unsafe fn flags(&self, start: u64, count: usize) -> &[u64] {
+        // SAFETY: as in `indices`.
+        unsafe { Self::words(&self.regions.flags, self.layout.capacity, start, count) }
     }
 
-    /// The start and length of the labels mapping (both halves of the double mapping), for
-    /// registering it with CUDA as [`ConsumerRing::images_mapping`]. Page-aligned, read-only.
-    pub fn labels_mapping(&self) -> (*const u8, usize) {
-        (
-            self.regions.labels.as_ptr(),
-            self.regions.labels.copy_len() * 2,
-        )
+    unsafe fn words(map: &Mapping, capacity: u64, start: u64, count: usize) -> &[u64] {
+        let slot = (start % capacity) as usize;
+        // SAFETY: the callers' contracts.
+        unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<u64>().add(slot), count) }
+    }
+
+    /// The start and length of field `k`'s mapping (both halves of the double mapping), for
+    /// registering it with CUDA, say. Page-aligned, read-only.
+    ///
+    /// # Panics
+    /// If `k` is not a field of the schema.
+    pub fn field_mapping(&self, k: usize) -> (*const u8, usize) {
+        let map = &self.regions.fields[k];
+        (map.as_ptr(), map.copy_len() * 2)
     }
 }
 
@@ -468,97 +521,74 @@ mod tests {
     use super::*;
 
     fn ring() -> ProducerRing {
-        ProducerRing::create(RingLayout::new(512, 8, 8).unwrap()).unwrap()
+        ProducerRing::create(RingLayout::image(512, 8, 8).unwrap()).unwrap()
     }
 
-    /// A ring with samples `cap − 2 .. cap + 3` written and published (they straddle the
-    /// wrap), and a consumer's view of it.
-    fn published_across_the_wrap() -> (ProducerRing, ConsumerRing, u64) {
-        let producer = ring();
+    /// A ring of `schema` with samples `cap − 2 .. cap + 3` written and published (they
+    /// straddle the wrap): every byte of field `k` of sample `seq` is `seq + k`.
+    fn published_across_the_wrap(schema: &str) -> (ProducerRing, ConsumerRing, u64) {
+        let layout = RingLayout::for_budget(1 << 20, schema.parse().unwrap()).unwrap();
+        let producer = ProducerRing::create(layout).unwrap();
         let cap = producer.layout().capacity;
         for seq in cap - 2..cap + 3 {
-            write(&producer, seq);
+            // SAFETY: single-threaded test, no consumer has released anything yet.
+            let mut slot = unsafe { producer.slot_mut(seq) };
+            for (k, field) in slot.fields().iter_mut().enumerate() {
+                field.fill((seq as usize + k) as u8);
+            }
+            *slot.index = seq + 1000;
+            *slot.flags = seq % 2;
         }
         producer.publish(cap + 3);
-        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let consumer = ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap();
         (producer, consumer, cap)
     }
 
-    fn write(ring: &ProducerRing, seq: u64) {
-        // SAFETY: single-threaded test, no consumer has released anything yet.
-        let (img, label, index) = unsafe { ring.slot_mut(seq) };
-        img.fill(seq as u8);
-        *label = seq as i64 * 10;
-        *index = seq + 1000;
-    }
-
     #[test]
-    fn a_consumer_sees_published_samples_contiguously_across_the_wrap() {
-        let (producer, consumer, cap) = published_across_the_wrap();
-        assert_eq!(consumer.head(), cap + 3);
-        // SAFETY: published, and nothing else writes in this test.
-        let (images, labels, indices) = unsafe {
-            (
-                consumer.images(cap - 2, 5),
-                consumer.labels(cap - 2, 5),
-                consumer.indices(cap - 2, 5),
-            )
-        };
-        let bytes = producer.layout().sample_bytes();
-        for (k, seq) in (cap - 2..cap + 3).enumerate() {
-            assert!(
-                images[k * bytes..(k + 1) * bytes]
-                    .iter()
-                    .all(|&b| b == seq as u8)
-            );
-            assert_eq!(labels[k], seq as i64 * 10);
-            assert_eq!(indices[k], seq + 1000);
+    fn a_consumer_sees_every_field_contiguously_across_the_wrap() {
+        for schema in [
+            "image: u8[8, 8, 3], label: i64",
+            "wave: f32[1001], length: i32, label: i64, mask: bool[3], h: bf16[2, 3]",
+        ] {
+            let (producer, consumer, cap) = published_across_the_wrap(schema);
+            assert_eq!(consumer.head(), cap + 3);
+            let fields = producer.layout().schema.fields();
+            for (k, field) in fields.iter().enumerate() {
+                // SAFETY: published, and nothing else writes in this test.
+                let bytes = unsafe { consumer.field(k, cap - 2, 5) };
+                assert_eq!(bytes.len(), 5 * field.bytes(), "{schema}");
+                for (n, seq) in (cap - 2..cap + 3).enumerate() {
+                    let sample = &bytes[n * field.bytes()..(n + 1) * field.bytes()];
+                    assert!(sample.iter().all(|&b| b == (seq as usize + k) as u8));
+                }
+                // The window crosses the wrap: it starts in the first copy and ends in the
+                // second, inside the one mapping.
+                let (at, len) = consumer.field_mapping(k);
+                assert_eq!((at as usize % PAGE, len % PAGE), (0, 0));
+                let (begin, end) = (
+                    bytes.as_ptr() as usize,
+                    bytes.as_ptr() as usize + bytes.len(),
+                );
+                assert!(begin >= at as usize && end <= at as usize + len);
+                assert!(begin < at as usize + len / 2 && end > at as usize + len / 2);
+            }
+            // SAFETY: as above.
+            let (indices, flags) =
+                unsafe { (consumer.indices(cap - 2, 5), consumer.flags(cap - 2, 5)) };
+            for (n, seq) in (cap - 2..cap + 3).enumerate() {
+                assert_eq!((indices[n], flags[n]), (seq + 1000, seq % 2));
+            }
         }
-    }
-
-    #[test]
-    fn the_image_and_label_mappings_are_page_aligned_and_hold_every_batch_across_the_wrap() {
-        let (producer, consumer, cap) = published_across_the_wrap();
-        let (images_at, images_len) = consumer.images_mapping();
-        let (labels_at, labels_len) = consumer.labels_mapping();
-        assert_eq!(images_len, 2 * producer.layout().images().1);
-        assert_eq!(labels_len, 2 * producer.layout().labels().1);
-        for (at, len) in [(images_at, images_len), (labels_at, labels_len)] {
-            assert_eq!(at as usize % PAGE, 0);
-            assert_eq!(len % PAGE, 0);
-        }
-        // SAFETY: published, and nothing else writes in this test.
-        let (images, labels) =
-            unsafe { (consumer.images(cap - 2, 5), consumer.labels(cap - 2, 5)) };
-        let inside = |slice_at: usize, slice_len: usize, at: *const u8, len: usize| {
-            slice_at >= at as usize && slice_at + slice_len <= at as usize + len
-        };
-        assert!(inside(
-            images.as_ptr() as usize,
-            images.len(),
-            images_at,
-            images_len
-        ));
-        let label_bytes = std::mem::size_of_val(labels);
-        assert!(inside(
-            labels.as_ptr() as usize,
-            label_bytes,
-            labels_at,
-            labels_len
-        ));
-        // The window crosses the wrap: it starts in the first copy and ends in the second.
-        assert!((labels.as_ptr() as usize) < labels_at as usize + labels_len / 2);
-        assert!(labels.as_ptr() as usize + label_bytes > labels_at as usize + labels_len / 2);
     }
 
     #[test]
     fn the_sealed_ring_cannot_be_mapped_or_made_writable_by_a_consumer() {
         let producer = ring();
-        let (off, len) = producer.layout().images();
+        let (off, len) = producer.layout().field(0);
         let err = Mapping::new(producer.fd(), off, len, true, false).unwrap_err();
         assert_eq!(err, rustix::io::Errno::PERM);
-        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
-        let (ptr, len) = consumer.images_mapping();
+        let consumer = ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap();
+        let (ptr, len) = consumer.field_mapping(0);
         // SAFETY: asking for write access on our own read-only mapping; the call must fail.
         let made_writable = unsafe {
             rustix::mm::mprotect(
@@ -613,8 +643,9 @@ mod tests {
         use std::time::{Duration, Instant};
         let producer = ring();
         let page = CursorPage::create(0).unwrap();
-        let consumer =
-            std::sync::Arc::new(ConsumerRing::map(producer.fd(), *producer.layout()).unwrap());
+        let consumer = std::sync::Arc::new(
+            ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap(),
+        );
         let mine = std::sync::Arc::new(CursorPage::map(page.fd().unwrap()).unwrap());
         let waiter = |target: u64| {
             let (consumer, mine) = (consumer.clone(), mine.clone());
@@ -648,7 +679,7 @@ mod tests {
         use std::time::{Duration, Instant};
         let producer = ring();
         let page = CursorPage::create(0).unwrap();
-        let consumer = ConsumerRing::map(producer.fd(), *producer.layout()).unwrap();
+        let consumer = ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap();
         let mine = CursorPage::map(page.fd().unwrap()).unwrap();
         std::thread::scope(|scope| {
             let near = scope.spawn(|| {
@@ -674,7 +705,7 @@ mod tests {
     #[test]
     fn a_wrong_sized_file_is_refused() {
         let producer = ring();
-        let bigger = RingLayout::new(1024, 8, 8).unwrap();
+        let bigger = RingLayout::image(1024, 8, 8).unwrap();
         assert!(matches!(
             ConsumerRing::map(producer.fd(), bigger),
             Err(ShmError::SizeMismatch { .. })

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::protocol_core;
-use crate::shm::{CursorPage, ProducerRing};
+use crate::shm::{CursorPage, ProducerRing, SlotMut};
 
 /// Identifies a ring within this process, so that a [`Readers`] set is used only with its own.
 static NEXT_RING: AtomicU64 = AtomicU64::new(1);
@@ -292,8 +292,8 @@ impl WriteLoan<'_> {
         self.seq
     }
 
-    /// The slot's image, label and dataset index, writable.
-    pub fn slot(&mut self) -> (&mut [u8], &mut i64, &mut u64) {
+    /// The slot's fields, dataset index and flags, writable.
+    pub fn slot(&mut self) -> SlotMut<'_> {
         // SAFETY: this loan is the only one for `seq` (lent once, in order), the slot's
         // previous sample is released by every attached reader, and `seq` is at or above
         // the head until `commit`; the module docs give the argument. `&mut self` keeps the
@@ -301,29 +301,33 @@ impl WriteLoan<'_> {
         unsafe { self.ring.slot_mut(self.seq) }
     }
 
-    /// Publishes the slot (with every earlier one that is done); returns the new head when
-    /// it moved, for waking consumers.
+    /// Publishes the slot (with every earlier one that is done) as a good sample; returns
+    /// the new head when it moved, for waking consumers.
     pub fn commit(mut self) -> Option<u64> {
+        *self.slot().flags = 0;
         self.committed = true;
         self.ring.complete(self.seq)
     }
 
-    /// Publishes the slot as a bad sample: zero image, label −1, the given dataset index.
+    /// Publishes the slot as a bad sample, with the given dataset index: every field zero,
+    /// an `i64` `label` −1, the flags [`FLAG_BAD`](crate::layout::FLAG_BAD).
     pub fn commit_bad(mut self, index: u64) -> Option<u64> {
-        let (image, label, slot_index) = self.slot();
-        image.fill(0);
-        *label = -1;
-        *slot_index = index;
-        self.commit()
+        self.clear_bad();
+        *self.slot().index = index;
+        self.committed = true;
+        self.ring.complete(self.seq)
+    }
+
+    fn clear_bad(&mut self) {
+        let label = self.ring.layout().schema.label_field();
+        self.slot().clear_bad(label);
     }
 }
 
 impl Drop for WriteLoan<'_> {
     fn drop(&mut self) {
         if !self.committed {
-            let (image, label, _) = self.slot();
-            image.fill(0);
-            *label = -1;
+            self.clear_bad();
             self.committed = true;
             self.ring.complete(self.seq);
         }
@@ -338,10 +342,11 @@ pub(crate) type TakenFlag = AtomicBool;
 mod tests {
     use super::*;
     use crate::RingLayout;
+    use crate::layout::FLAG_BAD;
     use crate::shm::ConsumerRing;
 
     fn ring() -> (ProducerRing, Readers) {
-        let ring = ProducerRing::create(RingLayout::new(512, 8, 8).unwrap()).unwrap();
+        let ring = ProducerRing::create(RingLayout::image(512, 8, 8).unwrap()).unwrap();
         let readers = ring.readers().unwrap();
         (ring, readers)
     }
@@ -378,10 +383,13 @@ mod tests {
         assert_eq!(loans.remove(0).commit(), Some(2));
         drop(loans); // dropped uncommitted: published as bad samples
         assert_eq!(ring.head(), 512);
-        let view = ConsumerRing::map(ring.fd(), *ring.layout()).unwrap();
+        let view = ConsumerRing::map(ring.fd(), ring.layout().clone()).unwrap();
         // SAFETY: published, and nothing writes in this test any more.
-        let labels = unsafe { view.labels(2, 3) };
-        assert_eq!(labels, &[-1, -1, -1]);
+        let (images, labels, flags) =
+            unsafe { (view.field(0, 2, 3), view.field(1, 2, 3), view.flags(0, 3)) };
+        assert!(images.iter().all(|&b| b == 0));
+        assert!(labels.chunks(8).all(|l| l == (-1i64).to_ne_bytes()));
+        assert_eq!(flags, &[0, 0, FLAG_BAD], "committed, committed, dropped");
         page.release(5);
         assert!(matches!(ring.try_loan(&readers), Gate::Loan(l) if l.seq() == 512));
     }

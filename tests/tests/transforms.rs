@@ -52,7 +52,9 @@ fn serving_cifar10_with_random_crop_and_flip_gives_32x32_images_with_exact_cover
     fx.signal(serve, 15);
     let served = fx.wait(serve, GUARD);
     assert!(
-        served.stderr.contains("samples of 32x32"),
+        served
+            .stderr
+            .contains("samples of `image: u8[32, 32, 3], label: i64`"),
         "the ring holds 32x32 images: {}",
         served.stderr
     );

@@ -26,11 +26,11 @@ use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersione
 use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use ladle_consumer::{
-    ConnectError as RustConnectError, Consumer, ConsumerConfig, ConsumerError, SharedBatch,
+    ConnectError as RustConnectError, Consumer, ConsumerConfig, ConsumerError, DType, SharedBatch,
     SharedEpoch,
 };
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyException, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyException, PyKeyError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
@@ -220,11 +220,25 @@ impl PyConsumer {
         self.inner.dataset().class_names.clone()
     }
 
-    /// (H, W, 3): the shape of one image.
+    /// (H, W, 3): the shape of one image; None for a feed without images.
     #[getter]
-    fn image_shape(&self) -> (u32, u32, u32) {
-        let layout = self.inner.layout();
-        (layout.height, layout.width, 3)
+    fn image_shape(&self) -> Option<(u32, u32, u32)> {
+        let (h, w) = self.inner.schema().image_size()?;
+        Some((h, w, 3))
+    }
+
+    /// What a sample is, in ladle's text form: `"image: u8[224, 224, 3], label: i64"`.
+    #[getter]
+    fn schema(&self) -> String {
+        self.inner.schema().to_string()
+    }
+
+    /// The sample's fields, in order: `[(name, numpy dtype name, shape per sample), ...]`.
+    #[getter]
+    fn fields(&self) -> Vec<(String, &'static str, Vec<u64>)> {
+        (self.inner.schema().fields().iter())
+            .map(|f| (f.name.clone(), f.dtype.numpy_name(), f.shape.clone()))
+            .collect()
     }
 
     #[getter]
@@ -253,22 +267,23 @@ impl PyConsumer {
 
     /// (address, length) of this process's read-only mapping of the image region, for
     /// registering it as pinned memory with CUDA (`cudaHostRegister`, read-only flag).
-    fn _images_region(&self) -> (usize, usize) {
-        let (address, len) = self.inner.images_region();
-        (address as usize, len)
+    fn _images_region(&self) -> PyResult<(usize, usize)> {
+        let (address, len) = self
+            .inner
+            .images_region()
+            .ok_or_else(|| no_images(&self.inner))?;
+        Ok((address as usize, len))
     }
 
     fn __repr__(&self) -> String {
-        let layout = self.inner.layout();
         format!(
             "ladle.Consumer(socket={:?}, batch_size={}, drop_last={}, dataset_len={}, \
-             image_shape=({}, {}, 3), consumer_id={})",
+             schema={:?}, consumer_id={})",
             self.inner.socket(),
             self.inner.config().batch_size,
             self.inner.config().drop_last,
             self.inner.dataset().len,
-            layout.height,
-            layout.width,
+            self.inner.schema().to_string(),
             self.inner.consumer_id(),
         )
     }
@@ -320,18 +335,71 @@ struct PyBatch {
     batch: Arc<SharedBatch>,
 }
 
+/// The error for asking a feed without images for images.
+fn no_images(consumer: &Consumer) -> PyErr {
+    PyAttributeError::new_err(format!(
+        "this feed has no images (image: u8[H, W, 3]): its samples are `{}`; read its fields \
+         with batch[name]",
+        consumer.schema()
+    ))
+}
+
 #[pymethods]
 impl PyBatch {
-    /// [B, H, W, 3] uint8, zero-copy and read-only.
-    #[getter]
-    fn images(&self) -> PyArrayView {
-        PyArrayView::new(&self.batch, Part::Images)
+    /// Field `name` of every sample, `[B, ...shape]`, zero-copy and read-only.
+    fn __getitem__(&self, name: &str) -> PyResult<PyArrayView> {
+        let schema = self.batch.consumer().schema();
+        let (k, _) = schema.field(name).ok_or_else(|| {
+            PyKeyError::new_err(format!("no field {name:?}: the samples are `{schema}`"))
+        })?;
+        Ok(PyArrayView::new(&self.batch, Part::Field(k)))
     }
 
-    /// [B] int64 class labels (−1 marks a sample the producer could not decode).
+    fn __contains__(&self, name: &str) -> bool {
+        self.batch.consumer().schema().field(name).is_some()
+    }
+
+    /// The field names, in schema order.
+    fn keys(&self) -> Vec<String> {
+        let fields = self.batch.consumer().schema().fields();
+        fields.iter().map(|f| f.name.clone()).collect()
+    }
+
+    /// `[(name, view), ...]` for every field, in schema order.
+    fn items(&self) -> Vec<(String, PyArrayView)> {
+        let fields = self.batch.consumer().schema().fields();
+        (fields.iter().enumerate())
+            .map(|(k, f)| {
+                (
+                    f.name.clone(),
+                    PyArrayView::new(&self.batch, Part::Field(k)),
+                )
+            })
+            .collect()
+    }
+
+    /// [B, H, W, 3] uint8, zero-copy and read-only: the `image` field of an image feed.
     #[getter]
-    fn labels(&self) -> PyArrayView {
-        PyArrayView::new(&self.batch, Part::Labels)
+    fn images(&self) -> PyResult<PyArrayView> {
+        let consumer = self.batch.consumer();
+        consumer
+            .schema()
+            .image_size()
+            .ok_or_else(|| no_images(consumer))?;
+        self.__getitem__(ladle_consumer::schema::IMAGE)
+    }
+
+    /// [B] int64 class labels (−1 marks a sample the producer could not make): the `label`
+    /// field.
+    #[getter]
+    fn labels(&self) -> PyResult<PyArrayView> {
+        let schema = self.batch.consumer().schema();
+        let k = schema.label_field().ok_or_else(|| {
+            PyAttributeError::new_err(format!(
+                "this feed has no label: i64 field: its samples are `{schema}`"
+            ))
+        })?;
+        Ok(PyArrayView::new(&self.batch, Part::Field(k)))
     }
 
     /// [B] uint64 dataset indices.
@@ -352,7 +420,8 @@ impl PyBatch {
         self.batch.first_seq()
     }
 
-    /// Samples the producer could not read or decode (zero images, label −1); usually 0.
+    /// Samples the producer could not read, decode or make (every field zero, an image
+    /// feed's label −1); usually 0.
     #[getter]
     fn bad_count(&self) -> usize {
         self.batch.bad_count()
@@ -372,11 +441,16 @@ impl PyBatch {
         self.batch.is_copy()
     }
 
-    /// (B, H, W, 3).
+    /// (B, H, W, 3) of an image feed's images.
     #[getter]
-    fn shape(&self) -> (usize, usize, usize, usize) {
+    fn shape(&self) -> PyResult<(usize, usize, usize, usize)> {
+        let consumer = self.batch.consumer();
+        consumer
+            .schema()
+            .image_size()
+            .ok_or_else(|| no_images(consumer))?;
         let [b, h, w, c] = self.batch.shape();
-        (b, h, w, c)
+        Ok((b, h, w, c))
     }
 
     fn __len__(&self) -> usize {
@@ -384,9 +458,12 @@ impl PyBatch {
     }
 
     /// (address, length) of the consumer's image mapping this batch lies in.
-    fn _images_region(&self) -> (usize, usize) {
-        let (address, len) = self.batch.consumer().images_region();
-        (address as usize, len)
+    fn _images_region(&self) -> PyResult<(usize, usize)> {
+        let consumer = self.batch.consumer();
+        let (address, len) = consumer
+            .images_region()
+            .ok_or_else(|| no_images(consumer))?;
+        Ok((address as usize, len))
     }
 
     /// `NCHW` float32 tensors on `device`, normalised: see `ladle.to_torch`.
@@ -409,11 +486,15 @@ impl PyBatch {
     }
 
     fn __repr__(&self) -> String {
-        let [b, h, w, c] = self.batch.shape();
+        let fields: Vec<String> = (self.batch.fields())
+            .map(|v| format!("{}: {}{:?}", v.name(), v.dtype(), v.shape()))
+            .collect();
         format!(
-            "ladle.Batch(epoch={}, first_seq={}, shape=({b}, {h}, {w}, {c}))",
+            "ladle.Batch(epoch={}, first_seq={}, len={}, fields=[{}])",
             self.batch.epoch(),
-            self.batch.first_seq()
+            self.batch.first_seq(),
+            self.batch.len(),
+            fields.join(", ")
         )
     }
 }
@@ -421,9 +502,53 @@ impl PyBatch {
 /// Which array of a batch a view shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Part {
-    Images,
-    Labels,
+    /// Field `k` of the schema.
+    Field(usize),
     Indices,
+}
+
+/// How an element type is named to Python: NumPy's name, the buffer protocol's format
+/// character and DLPack's type.
+#[derive(Debug, Clone, Copy)]
+struct Elem {
+    name: &'static str,
+    format: &'static CStr,
+    size: usize,
+    dl: DLDataType,
+}
+
+impl Elem {
+    fn of(dtype: DType) -> Self {
+        use dlpark::ffi::DLDataTypeCode as C;
+        let (format, code): (&'static CStr, C) = match dtype {
+            DType::U8 => (c"B", C::UINT),
+            DType::I8 => (c"b", C::INT),
+            DType::U16 => (c"H", C::UINT),
+            DType::I16 => (c"h", C::INT),
+            DType::I32 => (c"i", C::INT),
+            DType::I64 => (c"q", C::INT),
+            DType::F16 => (c"e", C::FLOAT),
+            // The buffer protocol has no bfloat16: it shows the bits as uint16 (DLPack, and
+            // so torch, sees bfloat16).
+            DType::Bf16 => (c"H", C::BFLOAT),
+            DType::F32 => (c"f", C::FLOAT),
+            DType::F64 => (c"d", C::FLOAT),
+            DType::Bool => (c"?", C::BOOL),
+        };
+        Self {
+            name: dtype.numpy_name(),
+            format,
+            size: dtype.size(),
+            dl: DLDataType::scalar(code, (dtype.size() * 8) as u8),
+        }
+    }
+
+    const U64: Elem = Elem {
+        name: "uint64",
+        format: c"Q",
+        size: 8,
+        dl: DLDataType::scalar(dlpark::ffi::DLDataTypeCode::UINT, 64),
+    };
 }
 
 /// A read-only, zero-copy view of one array of a batch. Exported through the buffer
@@ -433,114 +558,76 @@ enum Part {
 struct PyArrayView {
     batch: Arc<SharedBatch>,
     part: Part,
+    elem: Elem,
     /// Shape and strides in bytes, as `Py_buffer` wants them (they must outlive the buffer;
     /// the buffer holds a reference to this object).
-    shape: [ffi::Py_ssize_t; 4],
-    strides: [ffi::Py_ssize_t; 4],
-    ndim: usize,
+    shape: Vec<ffi::Py_ssize_t>,
+    strides: Vec<ffi::Py_ssize_t>,
 }
 
 impl PyArrayView {
     fn new(batch: &Arc<SharedBatch>, part: Part) -> Self {
-        let [b, h, w, c] = batch.shape().map(|n| n as ffi::Py_ssize_t);
-        let (shape, strides, ndim) = match part {
-            Part::Images => ([b, h, w, c], [h * w * c, w * c, c, 1], 4),
-            Part::Labels | Part::Indices => ([b, 0, 0, 0], [8, 0, 0, 0], 1),
+        let (elem, per_sample) = match part {
+            Part::Field(k) => {
+                let field = &batch.consumer().schema().fields()[k];
+                (Elem::of(field.dtype), field.shape.clone())
+            }
+            Part::Indices => (Elem::U64, Vec::new()),
         };
+        let shape: Vec<ffi::Py_ssize_t> = std::iter::once(batch.len() as ffi::Py_ssize_t)
+            .chain(per_sample.iter().map(|&d| d as ffi::Py_ssize_t))
+            .collect();
+        // Row-major, in bytes.
+        let mut strides = vec![elem.size as ffi::Py_ssize_t; shape.len()];
+        for d in (0..shape.len() - 1).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
         Self {
             batch: Arc::clone(batch),
             part,
+            elem,
             shape,
             strides,
-            ndim,
         }
     }
 
     /// The viewed bytes: a slice of the ring this view's batch holds.
     fn bytes(&self) -> &[u8] {
         match self.part {
-            Part::Images => self.batch.images(),
-            Part::Labels => as_bytes(self.batch.labels()),
+            Part::Field(k) => self.batch.fields().nth(k).map_or(&[], |v| v.bytes),
             Part::Indices => as_bytes(self.batch.indices()),
-        }
-    }
-
-    fn itemsize(&self) -> usize {
-        match self.part {
-            Part::Images => 1,
-            Part::Labels | Part::Indices => 8,
-        }
-    }
-
-    fn dl_dtype(&self) -> DLDataType {
-        match self.part {
-            Part::Images => DLDataType::of::<u8>(),
-            Part::Labels => DLDataType::of::<i64>(),
-            Part::Indices => DLDataType::of::<u64>(),
         }
     }
 
     /// A DLPack tensor of either ABI over this view's bytes, owning a reference to the batch.
     fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        let ndim = self.ndim;
-        let item = self.itemsize() as i64;
-        let mut shape = [0_i64; 4];
-        let mut strides = [0_i64; 4];
-        for d in 0..ndim {
-            shape[d] = self.shape[d] as i64;
-            // DLPack strides count elements, Py_buffer strides bytes.
-            strides[d] = self.strides[d] as i64 / item;
-        }
-        finish::<M>(
-            self,
-            Arc::clone(&self.batch),
-            &shape[..ndim],
-            &strides[..ndim],
-        )
-    }
-}
-
-/// Builds the managed tensor for `view` with rank 1 or 4.
-fn finish<M: ManagedTensorBase>(
-    view: &PyArrayView,
-    owner: Arc<SharedBatch>,
-    shape: &[i64],
-    strides: &[i64],
-) -> PyResult<Managed<M>> {
-    let to_py = |e: dlpark::metadata::Error| LadleError::new_err(format!("DLPack export: {e}"));
-    let data = view.bytes().as_ptr().cast_mut().cast::<c_void>();
-    macro_rules! build {
-        ($n:literal) => {{
-            let shape: [i64; $n] = shape.try_into().map_err(|_| LadleError::new_err("rank"))?;
-            let strides: [i64; $n] = strides
-                .try_into()
-                .map_err(|_| LadleError::new_err("rank"))?;
-            let mut init = dlpark::metadata::Fixed::new(shape, strides)
-                .prepare_as::<M>()
-                .map_err(to_py)?
-                .initialize(owner);
-            init.set_data(data)
-                .set_dtype(view.dl_dtype())
-                .set_device(DLDevice::CPU);
-            init.set_flags(DlpackFlags::READ_ONLY)
-                .map_err(|e| LadleError::new_err(format!("DLPack export: {e}")))?;
-            // SAFETY: `data` points at `shape`/`strides` elements of `dtype` inside the ring
-            // mapping; the slots stay held and the mapping alive while `owner` (the tensor's
-            // context, dropped by its deleter) holds the batch; the memory is never written by
-            // the producer while held and is mapped read-only here, as the flag says.
-            Ok(unsafe { init.finish() })
-        }};
-    }
-    match shape.len() {
-        4 => build!(4),
-        _ => build!(1),
+        let to_py = |e: dlpark::metadata::Error| LadleError::new_err(format!("DLPack export: {e}"));
+        let item = self.elem.size as i64;
+        let shape: Vec<i64> = self.shape.iter().map(|&n| n as i64).collect();
+        // DLPack strides count elements, Py_buffer strides bytes.
+        let strides: Vec<i64> = self.strides.iter().map(|&n| n as i64 / item).collect();
+        let data = self.bytes().as_ptr().cast_mut().cast::<c_void>();
+        let mut init = dlpark::metadata::Dynamic::new(shape, strides)
+            .prepare_as::<M>()
+            .map_err(to_py)?
+            .initialize(Arc::clone(&self.batch));
+        init.set_data(data)
+            .set_dtype(self.elem.dl)
+            .set_device(DLDevice::CPU);
+        init.set_flags(DlpackFlags::READ_ONLY)
+            .map_err(|e| LadleError::new_err(format!("DLPack export: {e}")))?;
+        // SAFETY: `data` points at `shape`/`strides` elements of `dtype` inside the ring
+        // mapping (or the batch's owned copy); the slots stay held and the memory alive while
+        // the tensor's context (the batch, dropped by its deleter) lives; the memory is never
+        // written by the producer while held and is mapped read-only here, as the flag says.
+        Ok(unsafe { init.finish() })
     }
 }
 
 /// The bytes of a slice of plain integers.
 fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
-    // SAFETY: `T` is i64 or u64 here: no padding, every byte initialised; the byte slice
-    // covers exactly the same memory with the same lifetime.
+    // SAFETY: `T` is u64 here: no padding, every byte initialised; the byte slice covers
+    // exactly the same memory with the same lifetime.
     unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
 }
 
@@ -568,23 +655,17 @@ impl DlpackExporter for PyArrayView {
 
 #[pymethods]
 impl PyArrayView {
-    /// The shape: (B, H, W, 3) for images, (B,) for labels and indices.
+    /// The shape: (B, ...the field's shape), e.g. (B, H, W, 3) for images, (B,) for labels
+    /// and indices.
     #[getter]
     fn shape(&self) -> Vec<usize> {
-        self.shape[..self.ndim]
-            .iter()
-            .map(|&n| n as usize)
-            .collect()
+        self.shape.iter().map(|&n| n as usize).collect()
     }
 
-    /// "uint8", "int64" or "uint64".
+    /// NumPy's name of the element type: "uint8", "float32", "bfloat16", "int64", ...
     #[getter]
     fn dtype(&self) -> &'static str {
-        match self.part {
-            Part::Images => "uint8",
-            Part::Labels => "int64",
-            Part::Indices => "uint64",
-        }
+        self.elem.name
     }
 
     #[getter]
@@ -643,11 +724,7 @@ impl PyArrayView {
         }
         let this = slf.get();
         let bytes = this.bytes();
-        let format: &'static CStr = match this.part {
-            Part::Images => c"B",
-            Part::Labels => c"q",
-            Part::Indices => c"Q",
-        };
+        let format = this.elem.format;
         // SAFETY: `view` is non-null and Python hands us its storage to fill. `obj` takes a new
         // reference to this view, which keeps the batch (hence the slots and the mapping) and
         // the `shape`/`strides` arrays alive until the buffer is released.
@@ -656,13 +733,13 @@ impl PyArrayView {
             (*view).obj = slf.clone().into_any().into_ptr();
             (*view).len = bytes.len() as ffi::Py_ssize_t;
             (*view).readonly = 1;
-            (*view).itemsize = this.itemsize() as ffi::Py_ssize_t;
+            (*view).itemsize = this.elem.size as ffi::Py_ssize_t;
             (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
                 format.as_ptr().cast_mut()
             } else {
                 std::ptr::null_mut()
             };
-            (*view).ndim = this.ndim as c_int;
+            (*view).ndim = this.shape.len() as c_int;
             (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
                 this.shape.as_ptr().cast_mut()
             } else {

@@ -18,6 +18,15 @@ pub enum CudaError {
          the library path); the CPU path still works"
     )]
     NoDriver,
+    /// The GPU path copies and converts image feeds (`image: u8[H, W, 3], label: i64`);
+    /// other feeds are read on the CPU (`batch.field`).
+    #[error(
+        "the CUDA path needs an image feed (image: u8[H, W, 3], label: i64); this feed's samples are `{schema}`"
+    )]
+    NotAnImageFeed {
+        /// The feed's schema.
+        schema: String,
+    },
     /// The driver is there but the device asked for is not (or there is no GPU at all).
     #[error("CUDA device {ordinal} does not exist: this machine has {count} CUDA device(s)")]
     NoDevice {

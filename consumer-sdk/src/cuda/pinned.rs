@@ -61,8 +61,13 @@ impl PinnedRing {
     /// already registered in this process (PyTorch's `cudaHostRegister`, say) is used as it
     /// is and left to that library to unregister.
     pub fn new(consumer: &Arc<Consumer>, ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
-        let (images_at, images_len) = consumer.images_region();
-        let (labels_at, labels_len) = consumer.labels_region();
+        let (Some((images_at, images_len)), Some((labels_at, labels_len))) =
+            (consumer.images_region(), consumer.labels_region())
+        else {
+            return Err(CudaError::NotAnImageFeed {
+                schema: consumer.schema().to_string(),
+            });
+        };
         // SAFETY: both are mappings of `consumer`'s ring, which lives (and stays mapped, never
         // remapped) as long as `Pinned::consumer`, dropped after both registrations.
         let images = unsafe { HostRegistration::new(ctx, "images", images_at, images_len) }?;
@@ -123,10 +128,10 @@ impl PinnedRing {
             });
         }
         let images_len = batch.images().len();
-        if dst.sample_bytes != pinned.consumer.layout().sample_bytes() {
+        if dst.sample_bytes != image_bytes(pinned.consumer.layout()) {
             return Err(CudaError::BufferTooSmall {
                 what: "batch images (u8), allocated for another image size (bytes per sample)",
-                needed: pinned.consumer.layout().sample_bytes(),
+                needed: image_bytes(pinned.consumer.layout()),
                 capacity: dst.sample_bytes,
             });
         }
@@ -259,7 +264,12 @@ impl DeviceBatch {
         layout: &RingLayout,
         capacity: usize,
     ) -> Result<Self, CudaError> {
-        let sample_bytes = layout.sample_bytes();
+        let (height, width) = layout
+            .image_size()
+            .ok_or_else(|| CudaError::NotAnImageFeed {
+                schema: layout.schema.to_string(),
+            })?;
+        let sample_bytes = image_bytes(layout);
         let bytes = capacity
             .checked_mul(sample_bytes)
             .ok_or(CudaError::BufferTooSmall {
@@ -280,8 +290,8 @@ impl DeviceBatch {
             labels,
             sample_bytes,
             len: 0,
-            height: layout.height as usize,
-            width: layout.width as usize,
+            height: height as usize,
+            width: width as usize,
             first_seq: 0,
             epoch: 0,
         })
@@ -433,4 +443,11 @@ impl<C: Deref<Target = Consumer>> Drop for InFlight<C> {
         }
         self.batch = None;
     }
+}
+
+/// Bytes of one image of an image feed (0 for another feed).
+fn image_bytes(layout: &RingLayout) -> usize {
+    layout
+        .image_size()
+        .map_or(0, |(h, w)| h as usize * w as usize * 3)
 }

@@ -244,10 +244,7 @@ fn serve_letting_go(sock: &UnixStream, len: u64, shared: &Shared) {
         match ring.try_loan(&readers) {
             Gate::Loan(mut loan) => {
                 let seq = loan.seq();
-                let (image, label, index) = loan.slot();
-                *index = seq % len;
-                *label = *index as i64;
-                image.fill(pixel(*index));
+                write_image(&mut loan.slot(), seq % len);
                 if let Some(head) = loan.commit() {
                     page.wake_if_due(head);
                 }
@@ -272,14 +269,14 @@ fn serve_letting_go(sock: &UnixStream, len: u64, shared: &Shared) {
 }
 
 fn ring() -> ProducerRing {
-    ProducerRing::create(RingLayout::new(CAPACITY, 8, 8).unwrap()).unwrap()
+    ProducerRing::create(RingLayout::image(CAPACITY, 8, 8).unwrap()).unwrap()
 }
 
 fn welcome(ring: &ProducerRing, len: u64, start_seq: u64) -> Welcome {
     Welcome {
         version: PROTOCOL_VERSION,
         consumer_id: 1,
-        layout: *ring.layout(),
+        layout: ring.layout().clone(),
         dataset: DatasetInfo {
             len,
             class_names: vec!["a".into(), "b".into()],
@@ -349,10 +346,7 @@ fn serve(
             let Gate::Loan(mut loan) = ring.try_loan(&readers) else {
                 break;
             };
-            let (image, label, index) = loan.slot();
-            *index = seq % len;
-            *label = *index as i64;
-            image.fill(pixel(*index));
+            write_image(&mut loan.slot(), seq % len);
             head = loan.commit().or(head);
             seq += 1;
             wrote += 1;
@@ -375,4 +369,12 @@ fn serve(
             page.wait_for_release(cursor, Duration::from_millis(10));
         }
     }
+}
+
+/// Writes dataset sample `index` into an image slot: every pixel `pixel(index)`, label
+/// `index`.
+fn write_image(slot: &mut ladle_ring::SlotMut<'_>, index: u64) {
+    *slot.index = index;
+    slot.field(0).fill(pixel(index));
+    slot.field(1).copy_from_slice(&(index as i64).to_ne_bytes());
 }
