@@ -53,6 +53,7 @@
 
 mod feed;
 pub mod server;
+pub mod workers;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -158,6 +159,22 @@ pub trait CustomSource: Send + Sync + std::fmt::Debug {
     fn info(&self) -> DatasetInfo;
     /// A maker for one pipeline thread; called once per thread when the feed starts.
     fn maker(&self) -> Box<dyn SampleMaker + '_>;
+    /// Whether other processes write the ring's slots (its makers' workers): then the ring
+    /// is made with [`ProducerRing::create_with_writers`] and [`CustomSource::ring_created`]
+    /// gets its writable fd.
+    fn needs_writers(&self) -> bool {
+        false
+    }
+    /// Called once the ring exists, before any sample is made, with its writable fd when
+    /// [`CustomSource::needs_writers`]; an error stops the start.
+    fn ring_created(
+        &self,
+        writer: Option<std::os::fd::BorrowedFd<'_>>,
+        layout: &RingLayout,
+    ) -> Result<(), String> {
+        let _ = (writer, layout);
+        Ok(())
+    }
 }
 
 /// What a producer serves: a native image dataset, or a [`CustomSource`].
@@ -633,7 +650,17 @@ impl Producer {
             layout.file_len() >> 20,
             config.threads
         );
-        let ring = ProducerRing::create(layout)?;
+        let ring = match &source {
+            Source::Custom(custom) if custom.needs_writers() => {
+                ProducerRing::create_with_writers(layout)?
+            }
+            _ => ProducerRing::create(layout)?,
+        };
+        if let Source::Custom(custom) = &source {
+            custom
+                .ring_created(ring.writer_fd(), ring.layout())
+                .map_err(ProducerError::InvalidOption)?;
+        }
         let readers = ring.readers().ok_or_else(|| {
             ProducerError::InvalidOption("the ring's reader set was already taken".into())
         })?;

@@ -135,7 +135,10 @@ impl<'a> SlotMut<'a> {
 #[derive(Debug)]
 pub struct ProducerRing {
     layout: RingLayout,
+    /// What consumers get: the sealed file, or a read-only open of it.
     fd: OwnedFd,
+    /// The writable file, for worker processes that write slots ([`ProducerRing::create_with_writers`]).
+    writer: Option<OwnedFd>,
     header: Mapping,
     regions: Regions,
     id: u64,
@@ -146,19 +149,41 @@ pub struct ProducerRing {
 impl ProducerRing {
     /// Creates, maps (read-write), pre-faults and seals a ring of `layout`.
     pub fn create(layout: RingLayout) -> Result<Self, ShmError> {
+        Self::create_inner(layout, false)
+    }
+
+    /// As [`ProducerRing::create`], for a ring whose slots other processes of the producer
+    /// write (the Python producer's workers, through [`ProducerRing::writer_fd`]). Such a
+    /// file cannot be sealed against writable mappings, so consumers get a read-only open
+    /// of it instead ([`ProducerRing::fd`]): they can no more map it writable, make their
+    /// mapping writable or resize it than with the seal. Needs `/proc`.
+    pub fn create_with_writers(layout: RingLayout) -> Result<Self, ShmError> {
+        Self::create_inner(layout, true)
+    }
+
+    fn create_inner(layout: RingLayout, writers: bool) -> Result<Self, ShmError> {
         let fd =
             sys::memfd("ladle-ring", layout.file_len()).map_err(ShmError::os("memfd_create"))?;
         let header = Mapping::new(fd.as_fd(), 0, PAGE, true, false)
             .map_err(ShmError::os("mapping the ring header"))?;
         let regions = Regions::map(fd.as_fd(), &layout, true)?;
         regions.prefault(true)?;
-        // From here on nobody can map the file writable or resize it: consumers get it
-        // read-only whatever they try.
-        sys::seal_against_writers(fd.as_fd()).map_err(ShmError::os("sealing the ring"))?;
+        let (fd, writer) = if writers {
+            sys::seal_size(fd.as_fd()).map_err(ShmError::os("sealing the ring's size"))?;
+            let reader = sys::reopen_read_only(fd.as_fd())
+                .map_err(ShmError::os("opening the ring read-only for consumers"))?;
+            (reader, Some(fd))
+        } else {
+            // From here on nobody can map the file writable or resize it: consumers get it
+            // read-only whatever they try.
+            sys::seal_against_writers(fd.as_fd()).map_err(ShmError::os("sealing the ring"))?;
+            (fd, None)
+        };
         let capacity = layout.capacity;
         let ring = Self {
             layout,
             fd,
+            writer,
             header,
             regions,
             id: writer::new_ring_id(),
@@ -167,6 +192,12 @@ impl ProducerRing {
         };
         ring.header().magic.store(MAGIC, Ordering::Release);
         Ok(ring)
+    }
+
+    /// The writable ring file of a ring made by [`ProducerRing::create_with_writers`], for
+    /// the producer's own worker processes; never for consumers.
+    pub fn writer_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.writer.as_ref().map(AsFd::as_fd)
     }
 
     /// The layout.
@@ -601,6 +632,43 @@ mod tests {
         assert!(
             rustix::fs::ftruncate(producer.fd(), 0).is_err(),
             "the ring can be shrunk"
+        );
+    }
+
+    #[test]
+    fn a_ring_with_writers_gives_consumers_a_file_they_cannot_write_map_writable_or_resize() {
+        let layout = RingLayout::image(512, 8, 8).unwrap();
+        let producer = ProducerRing::create_with_writers(layout).unwrap();
+        let (off, len) = producer.layout().field(0);
+        // A worker maps the writer file and writes; a consumer sees it.
+        let worker = Mapping::new(producer.writer_fd().unwrap(), off, len, true, false).unwrap();
+        // SAFETY: inside the mapping; nothing else touches it in this test.
+        unsafe { *worker.as_ptr() = 42 };
+        let err = Mapping::new(producer.fd(), off, len, true, false).unwrap_err();
+        assert_eq!(err, rustix::io::Errno::ACCESS);
+        let consumer = ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap();
+        // SAFETY: written above, nothing writes now.
+        assert_eq!(unsafe { consumer.field(0, 0, 1) }[0], 42);
+        let (ptr, len) = consumer.field_mapping(0);
+        // SAFETY: asking for write access on our own read-only mapping; the call must fail.
+        let made_writable = unsafe {
+            rustix::mm::mprotect(
+                ptr as *mut _,
+                len,
+                rustix::mm::MprotectFlags::READ | rustix::mm::MprotectFlags::WRITE,
+            )
+        };
+        assert!(made_writable.is_err());
+        assert!(rustix::fs::ftruncate(producer.fd(), 0).is_err());
+        assert!(
+            rustix::fs::ftruncate(producer.writer_fd().unwrap(), 0).is_err(),
+            "size sealed"
+        );
+        assert!(
+            ProducerRing::create(RingLayout::image(512, 8, 8).unwrap())
+                .unwrap()
+                .writer_fd()
+                .is_none()
         );
     }
 

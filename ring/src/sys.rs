@@ -44,6 +44,19 @@ pub fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
 }
 
+/// A new, read-only open of the file behind `fd` (through `/proc/self/fd`): a mapping of it
+/// can never be made writable, and it cannot resize the file. What consumers of a ring that
+/// outside writers write get (such a ring cannot be sealed against writable mappings).
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Ok(rustix::fs::open(
+        path.as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?)
+}
+
 /// The size of the file behind `fd`.
 pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(rustix::fs::fstat(fd)?.st_size as u64)

@@ -34,6 +34,8 @@ use pyo3::exceptions::{PyAttributeError, PyBufferError, PyException, PyKeyError,
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+mod producer;
+
 create_exception!(
     ladle,
     LadleError,
@@ -779,6 +781,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEpoch>()?;
     m.add_class::<PyBatch>()?;
     m.add_class::<PyArrayView>()?;
+    m.add_class::<producer::PyProducer>()?;
     m.add("LadleError", py.get_type::<LadleError>())?;
     m.add("ConnectError", py.get_type::<ConnectError>())?;
     m.add("ProducerGone", py.get_type::<ProducerGone>())?;

@@ -16,9 +16,14 @@ A run started by ``ladle sweep`` finds its feed in ``$LADLE_SOCKET`` and its nam
 ``$LADLE_RUN``: ``ladle.Consumer(batch_size=128)`` (no socket) joins that feed, and raises
 :class:`ConnectError` naming ``LADLE_SOCKET`` when it is unset.
 
-``batch.images`` ([B, H, W, 3] uint8) and ``batch.labels`` ([B] int64) are read-only views
-of the shared ring: ``numpy.asarray(batch.images)`` and ``torch.from_dlpack(batch.images)``
-copy nothing.
+A sample is a record of named fields (the feed's schema, ``consumer.schema``): ``batch["wave"]``
+is field ``wave`` of every sample, ``[B, ...shape]``; ``batch.keys()`` names them. An image
+feed's ``batch.images`` ([B, H, W, 3] uint8) and ``batch.labels`` ([B] int64) are its
+``image`` and ``label`` fields. All are read-only views of the shared ring:
+``numpy.asarray(batch["wave"])`` and ``torch.from_dlpack(batch.images)`` copy nothing.
+
+To serve a dataset of your own from Python (your ``torch.utils.data.Dataset``, audio,
+tabular rows), see :func:`serve` and :class:`Producer`, or ``python -m ladle serve``.
 
 **The holding rule.** A batch's samples stay reserved (the producer will not overwrite them,
 and waits for them) until the batch *and every view, array and tensor made from it* are
@@ -42,6 +47,7 @@ from ._native import (
     ProducerGone,
     TooManyBatchesHeld,
 )
+from ._producer import Producer, serve
 from ._torch import IMAGENET, to_torch
 
 try:
@@ -60,7 +66,9 @@ __all__ = [
     "Epoch",
     "LadleError",
     "ProducerEnded",
+    "Producer",
     "ProducerGone",
     "TooManyBatchesHeld",
+    "serve",
     "to_torch",
 ]
