@@ -50,11 +50,11 @@ pub fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
 pub fn reopen_read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
     let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    Ok(rustix::fs::open(
+    rustix::fs::open(
         path.as_str(),
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
-    )?)
+    )
 }
 
 /// The size of the file behind `fd`.
