@@ -955,9 +955,16 @@ fn run_feeder(
         alone_since: None,
     };
     let sink = RingSink { shared };
-    match &shared.source {
-        Source::Images(dataset) => pipeline.run_from(dataset.as_ref(), source, &sink)?,
-        Source::Custom(custom) => pipeline.run_with(|| custom.maker(), source, &sink)?,
+    let run = match &shared.source {
+        Source::Images(dataset) => pipeline.run_from(dataset.as_ref(), source, &sink),
+        Source::Custom(custom) => pipeline.run_with(|| custom.maker(), source, &sink),
     };
+    if let Err(error) = run {
+        // A bad sample under the fail policy ends the whole feed, not just the pipeline:
+        // whoever waits on the stop flag (a signal loop, the Python producer) sees it.
+        tracing::error!("the feed stops: {error}");
+        shared.stop.store(true, Ordering::SeqCst);
+        return Err(error.into());
+    }
     Ok(())
 }

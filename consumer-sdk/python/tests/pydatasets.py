@@ -1,0 +1,75 @@
+"""Datasets for the Python producer's tests. They live in a module of their own so that the
+producer's worker processes (started with ``spawn``) can import them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+WAVE = 16000
+
+
+class Waves:
+    """``{"wave": float32[16000], "label": int64}``, the same for an index every time."""
+
+    def __init__(self, n: int = 400) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        rng = np.random.default_rng(i)
+        return {"wave": rng.standard_normal(WAVE, dtype=np.float32), "label": i % 10}
+
+
+class Mixed:
+    """One field of most dtypes, each a function of the index."""
+
+    def __len__(self) -> int:
+        return 300
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "image": np.full((8, 8, 3), i % 251, np.uint8),
+            "label": np.int64(i),
+            "half": np.arange(5, dtype=np.float16) + i,
+            "mask": np.array([i % 2 == 0, True, False]),
+            "length": np.int32(i * 3),
+            "small": np.full((2, 3), -(i % 100), np.int8),
+            "score": np.float64(i) / 7,
+        }
+
+
+class Raises(Waves):
+    """Raises on index 7; its wave for index 5 has the wrong shape."""
+
+    def __getitem__(self, i: int) -> dict:
+        if i == 7:
+            raise ValueError("corrupt record 7")
+        sample = super().__getitem__(i)
+        if i == 5:
+            sample["wave"] = sample["wave"][:100]
+        return sample
+
+
+class KillsOnce(Waves):
+    """The first worker to make index 13 dies (``os._exit``); the marker file makes the next
+    one succeed."""
+
+    def __init__(self, marker: str, n: int = 200) -> None:
+        super().__init__(n)
+        self.marker = marker
+
+    def __getitem__(self, i: int) -> dict:
+        if i == 13 and not Path(self.marker).exists():
+            Path(self.marker).touch()
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+def make_waves() -> Waves:
+    """The factory ``python -m ladle serve pydatasets:make_waves`` calls."""
+    return Waves(200)

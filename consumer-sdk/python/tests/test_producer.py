@@ -1,0 +1,243 @@
+"""The Python producer (``ladle.serve``, ``ladle.Producer``, ``python -m ladle serve``) with
+real worker processes, real shared memory and real consumers: exact contents over two
+epochs, every dtype through the buffer protocol and DLPack, a raising ``__getitem__``, a
+sample that does not fit the schema, a worker killed mid-sample, late joiners."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ladle
+
+import pydatasets
+from pydatasets import WAVE, KillsOnce, Mixed, Raises, Waves
+
+HERE = Path(__file__).resolve().parent
+
+
+def read_epochs(sock, batch_size: int, epochs: int, check) -> list[list[int]]:
+    """Reads ``epochs`` epochs, calling ``check(batch)`` on each batch; returns the indices."""
+    consumer = ladle.Consumer(sock, batch_size=batch_size)
+    seen = []
+    for _ in range(epochs):
+        indices = []
+        for batch in consumer:
+            check(batch)
+            indices.extend(np.asarray(batch.indices).tolist())
+        seen.append(indices)
+    return seen
+
+
+def in_threads(*jobs):
+    """Runs the callables on threads; re-raises the first failure."""
+    errors = []
+
+    def run(job):
+        try:
+            job()
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+
+
+def test_two_consumers_read_a_wave_dataset_exactly_over_two_epochs(tmp_path):
+    sock = tmp_path / "waves.sock"
+    dataset = Waves()
+
+    def check(batch):
+        assert batch.keys() == ["wave", "label"]
+        waves, labels = np.asarray(batch["wave"]), np.asarray(batch["label"])
+        assert waves.shape == (len(batch), WAVE) and waves.dtype == np.float32
+        assert not waves.flags.writeable
+        for k, i in enumerate(np.asarray(batch.indices)):
+            expected = dataset[int(i)]
+            np.testing.assert_array_equal(waves[k], expected["wave"])
+            assert labels[k] == expected["label"]
+        assert batch.bad_count == 0
+
+    with ladle.Producer(dataset, sock, workers=2, ring_mib=64) as producer:
+        assert producer.schema == "wave: f32[16000], label: i64"
+        results = {}
+
+        def reader(bs):
+            return lambda: results.__setitem__(bs, read_epochs(sock, bs, 2, check))
+
+        in_threads(reader(32), reader(100))
+        stats = producer.stats()
+    for bs in (32, 100):
+        for epoch in results[bs]:
+            assert sorted(epoch) == list(range(len(dataset))), bs
+    assert stats["bad_samples"] == 0 and stats["workers_died"] == 0
+
+
+def test_every_dtype_reaches_the_consumer_zero_copy_through_buffers_and_dlpack(tmp_path):
+    sock = tmp_path / "mixed.sock"
+    dataset = Mixed()
+    with ladle.Producer(dataset, sock, workers=2, ring_mib=16):
+        consumer = ladle.Consumer(sock, batch_size=64)
+        assert consumer.schema == (
+            "image: u8[8, 8, 3], label: i64, half: f16[5], mask: bool[3], length: i32, "
+            "small: i8[2, 3], score: f64"
+        )
+        assert consumer.image_shape == (8, 8, 3)
+        batch = next(iter(consumer))
+        for name, view in batch.items():
+            via_buffer = np.asarray(view)
+            via_dlpack = np.from_dlpack(view)
+            assert via_buffer.dtype.name == view.dtype == via_dlpack.dtype.name, name
+            assert via_buffer.ctypes.data == via_dlpack.ctypes.data == view.data_ptr, name
+            for k, i in enumerate(np.asarray(batch.indices)):
+                np.testing.assert_array_equal(via_buffer[k], np.asarray(dataset[int(i)][name]))
+        # The image-feed aliases work on any feed with an image and a label field.
+        assert np.asarray(batch.images).shape == (64, 8, 8, 3)
+        np.testing.assert_array_equal(np.asarray(batch.labels), np.asarray(batch.indices))
+        with pytest.raises(KeyError, match='no field "nope"'):
+            batch["nope"]
+        assert "mask" in batch and "nope" not in batch
+        del batch, view, via_buffer, via_dlpack
+
+
+def test_a_feed_without_images_says_so_when_asked_for_images(tmp_path):
+    sock = tmp_path / "w.sock"
+    with ladle.Producer(Waves(50), sock, workers=1, ring_mib=64):
+        consumer = ladle.Consumer(sock, batch_size=10)
+        assert consumer.image_shape is None
+        batch = next(iter(consumer))
+        with pytest.raises(AttributeError, match="no images"):
+            batch.images
+        assert np.asarray(batch.labels).shape == (10,)
+
+
+def test_a_raising_or_misshapen_sample_is_delivered_as_bad_and_counted(tmp_path):
+    sock = tmp_path / "r.sock"
+    dataset = Raises(60)
+    bad = {}
+
+    def check(batch):
+        waves, labels = np.asarray(batch["wave"]), np.asarray(batch["label"])
+        for k, i in enumerate(np.asarray(batch.indices).tolist()):
+            if i in (5, 7):
+                bad[i] = (np.count_nonzero(waves[k]), int(labels[k]))
+        assert batch.bad_count == sum(i in (5, 7) for i in np.asarray(batch.indices).tolist())
+
+    with ladle.Producer(dataset, sock, workers=2, ring_mib=64) as producer:
+        [epoch] = read_epochs(sock, 16, 1, check)
+        stats = producer.stats()
+    assert sorted(epoch) == list(range(60)), "a bad sample keeps its place in the epoch"
+    assert bad == {5: (0, -1), 7: (0, -1)}, "zeroed, label -1"
+    assert stats["samples_failed"] >= 2 and stats["bad_samples"] >= 2
+
+
+def test_on_error_raise_stops_the_feed_with_the_samples_error(tmp_path):
+    sock = tmp_path / "r.sock"
+    producer = ladle.Producer(Raises(60), sock, workers=1, ring_mib=64, on_error="raise")
+    producer.start()
+    consumer = ladle.Consumer(sock, batch_size=8)
+    assert producer.wait(timeout=60), "the feed did not stop on the first bad sample"
+    with pytest.raises(ladle.LadleError, match=r"index [57] of Raises"):
+        producer.stop()
+    with pytest.raises((ladle.ProducerEnded, ladle.ProducerGone)):
+        for _ in range(20):
+            for _ in consumer:
+                pass
+
+
+def test_a_worker_killed_mid_sample_is_replaced_and_its_sample_made_again(tmp_path):
+    sock = tmp_path / "k.sock"
+    dataset = KillsOnce(str(tmp_path / "marker"))
+
+    def check(batch):
+        waves = np.asarray(batch["wave"])
+        for k, i in enumerate(np.asarray(batch.indices)):
+            np.testing.assert_array_equal(waves[k], Waves.__getitem__(dataset, int(i))["wave"])
+        assert batch.bad_count == 0
+
+    with ladle.Producer(dataset, sock, workers=2, ring_mib=64) as producer:
+        [epoch] = read_epochs(sock, 20, 1, check)
+        deadline = time.monotonic() + 30
+        while producer.stats()["worker_restarts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stats = producer.stats()
+    assert sorted(epoch) == list(range(len(dataset)))
+    assert stats["workers_died"] == 1 and stats["bad_samples"] == 0
+    assert stats["worker_restarts"] >= 1, "the dead worker was not replaced"
+
+
+def test_a_late_joiner_sees_every_sample_once_per_epoch(tmp_path):
+    sock = tmp_path / "late.sock"
+    with ladle.Producer(Waves(300), sock, workers=2, ring_mib=64):
+        early = ladle.Consumer(sock, batch_size=25)
+        it = iter(early)
+        held = [next(it) for _ in range(3)]
+        del held
+        late = ladle.Consumer(sock, batch_size=32)
+        results = {}
+
+        def rest_of_early():
+            results["early"] = [int(i) for b in it for i in np.asarray(b.indices)]
+
+        def late_epochs():
+            seen = []
+            for _ in range(2):
+                seen.append([int(i) for b in late for i in np.asarray(b.indices)])
+            results["late"] = seen
+
+        in_threads(rest_of_early, late_epochs)
+    assert late.start_seq > 0
+    for epoch in results["late"]:
+        assert sorted(epoch) == list(range(300))
+
+
+def test_bad_arguments_and_datasets_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="on_error"):
+        ladle.Producer(Waves(), tmp_path / "s", on_error="ignore")
+    with pytest.raises(ValueError, match="workers"):
+        ladle.Producer(Waves(), tmp_path / "s", workers=0)
+    with pytest.raises(ValueError, match="empty"):
+        ladle.Producer(Waves(0), tmp_path / "s").start()
+    with pytest.raises(TypeError, match="dict of field name"):
+        ladle.Producer(["a", "b"], tmp_path / "s").start()
+    with pytest.raises(TypeError, match="dtype object"):
+        ladle.Producer([{"x": {"nested": 1}}], tmp_path / "s").start()
+
+
+def test_python_m_ladle_serve_serves_a_factory_until_sigterm(tmp_path):
+    sock = tmp_path / "cli.sock"
+    env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ladle", "serve", "pydatasets:make_waves", "--socket", str(sock),
+         "--workers", "1", "--ring-mib", "64"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "no socket"
+            time.sleep(0.1)
+        [epoch] = read_epochs(sock, 50, 1, lambda b: None)
+        assert sorted(epoch) == list(range(200))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "served" in err and "0 bad" in err, err
