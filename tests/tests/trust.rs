@@ -440,3 +440,43 @@ fn a_sample_that_really_is_bad_is_counted_where_the_consumer_sees_it() {
     }
     assert_eq!(summary(&done)["bad_samples"], 2, "{}", done.stdout);
 }
+
+#[test]
+fn a_consumer_of_the_previous_protocol_version_is_refused_with_both_versions_named() {
+    // Version 4 put the schema in `Welcome`: a version-3 consumer would read the ring wrong.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 40, 36);
+    let serve = fx.serve(&data, SMALL_RING);
+    let old = UnixStream::connect(fx.socket()).unwrap();
+    let hello = ClientMessage::Hello(Hello {
+        version: PROTOCOL_VERSION - 1,
+        batch_size: 8,
+        drop_last: false,
+        name: "old".into(),
+        pid: std::process::id(),
+    });
+    protocol::send(&old, &hello, &[]).unwrap();
+    old.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let (message, fds) = protocol::recv::<ServerMessage>(&old).unwrap();
+    let ServerMessage::Reject { reason } = message else {
+        panic!("an old consumer was not refused: {message:?}");
+    };
+    assert!(
+        fds.is_empty(),
+        "the ring went to a consumer that cannot read it"
+    );
+    let (ours, theirs) = (PROTOCOL_VERSION, PROTOCOL_VERSION - 1);
+    assert!(
+        reason.contains(&format!("speaks {ours}")) && reason.contains(&format!("speaks {theirs}")),
+        "{reason}"
+    );
+    // Nobody else notices.
+    let honest = fx.consume(16, 1, &[]);
+    assert_exact(
+        &fx.wait(honest, GUARD),
+        1,
+        "a consumer after the refused one",
+    );
+    fx.signal(serve, 15);
+    fx.wait(serve, Duration::from_secs(60));
+}
