@@ -73,3 +73,19 @@ class KillsOnce(Waves):
 def make_waves() -> Waves:
     """The factory ``python -m ladle serve pydatasets:make_waves`` calls."""
     return Waves(200)
+
+
+class TorchSamples:
+    """torch tensors as values: a bfloat16 field (no NumPy dtype), a float32 CHW tensor."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        return {
+            "x": torch.arange(4, dtype=torch.float32).to(torch.bfloat16) + i,
+            "chw": torch.full((3, 2, 2), float(i)),
+            "label": i,
+        }

@@ -64,3 +64,40 @@ def test_to_torch_rejects_a_malformed_normalize(producer):
         batch.to_torch(normalize=((0.5, 0.5), (0.5, 0.5)))
     with pytest.raises(ValueError, match="normalize"):
         batch.to_torch(normalize=((0.5, 0.5, 0.5), (0.0, 1.0, 1.0)))
+
+
+def test_to_torch_of_a_multi_field_feed_gives_every_field(tmp_path):
+    from pydatasets import Mixed
+
+    sock = tmp_path / "mixed.sock"
+    dataset = Mixed()
+    with ladle.Producer(dataset, sock, workers=1, ring_mib=16):
+        consumer = ladle.Consumer(sock, batch_size=16)
+        batch = next(iter(consumer))
+        indices = np.asarray(batch.indices).tolist()
+        out = batch.to_torch(normalize=None)
+        assert sorted(out) == sorted(batch.keys())
+        assert tuple(out["image"].shape) == (16, 3, 8, 8) and out["image"].dtype == torch.float32
+        expected_image = np.stack([dataset[i]["image"] for i in indices]).transpose(0, 3, 1, 2) / 255
+        np.testing.assert_allclose(out["image"].numpy(), expected_image, rtol=1e-6)
+        for name in ("half", "mask", "length", "small", "score", "label"):
+            expected = np.stack([np.asarray(dataset[i][name]) for i in indices])
+            np.testing.assert_array_equal(out[name].numpy(), expected, err_msg=name)
+        del batch
+        assert consumer.held_batches == 0, "to_torch results must not hold the ring"
+
+
+def test_a_dataset_of_torch_tensors_serves_bfloat16_through_dlpack(tmp_path):
+    from pydatasets import TorchSamples
+
+    sock = tmp_path / "t.sock"
+    dataset = TorchSamples()
+    with ladle.Producer(dataset, sock, workers=1, ring_mib=16) as producer:
+        assert producer.schema == "x: bf16[4], chw: f32[3, 2, 2], label: i64"
+        consumer = ladle.Consumer(sock, batch_size=8)
+        for batch in consumer:
+            x = torch.from_dlpack(batch["x"])
+            assert x.dtype == torch.bfloat16
+            for k, i in enumerate(np.asarray(batch.indices).tolist()):
+                assert torch.equal(x[k], dataset[i]["x"])
+                assert torch.equal(torch.from_dlpack(batch["chw"])[k], dataset[i]["chw"])

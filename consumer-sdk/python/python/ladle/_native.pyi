@@ -54,12 +54,18 @@ class ArrayView:
 class Batch:
     """Consecutive samples of the ring, read in place; released when it and its views die."""
 
+    def __getitem__(self, name: str) -> ArrayView:
+        """Field ``name`` of every sample, [B, ...shape]; KeyError naming the schema if absent."""
+    def __contains__(self, name: str) -> bool: ...
+    def keys(self) -> list[str]:
+        """The field names, in schema order."""
+    def items(self) -> list[tuple[str, ArrayView]]: ...
     @property
     def images(self) -> ArrayView:
-        """[B, H, W, 3] uint8."""
+        """[B, H, W, 3] uint8: the ``image`` field; AttributeError on a feed without one."""
     @property
     def labels(self) -> ArrayView:
-        """[B] int64 (-1 marks a sample the producer could not decode)."""
+        """[B] int64, the ``label`` field (-1 marks a sample the producer could not make)."""
     @property
     def indices(self) -> ArrayView:
         """[B] uint64 dataset indices."""
@@ -69,7 +75,7 @@ class Batch:
     def first_seq(self) -> int: ...
     @property
     def bad_count(self) -> int:
-        """Samples the producer could not read or decode (zero images, label -1)."""
+        """Samples the producer could not read, decode or make (every field zero, label -1)."""
     @property
     def intact(self) -> bool:
         """False if the producer may have overwritten the batch (held across a pause longer
@@ -78,7 +84,8 @@ class Batch:
     def is_copy(self) -> bool:
         """True for a batch gathered after a rejoin (a copy, not a view of the ring)."""
     @property
-    def shape(self) -> tuple[int, int, int, int]: ...
+    def shape(self) -> tuple[int, int, int, int]:
+        """(B, H, W, 3) of an image feed's images."""
     def __len__(self) -> int: ...
     def _images_region(self) -> tuple[int, int]: ...
     def to_torch(
@@ -88,8 +95,9 @@ class Batch:
         *,
         channels_last: bool = False,
         non_blocking: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 [B, 3, H, W] normalised images and int64 [B] labels on ``device``."""
+    ) -> tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]:
+        """An image feed: float32 [B, 3, H, W] normalised images and int64 [B] labels on
+        ``device``; any other feed: ``{name: tensor}`` of every field."""
 
 class Epoch(Iterator[Batch]):
     """One epoch's batches."""
@@ -137,7 +145,14 @@ class Consumer:
     @property
     def class_names(self) -> list[str]: ...
     @property
-    def image_shape(self) -> tuple[int, int, int]: ...
+    def image_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, 3), or None for a feed without images."""
+    @property
+    def schema(self) -> str:
+        """What a sample is: ``"wave: f32[16000], label: i64"``."""
+    @property
+    def fields(self) -> list[tuple[str, str, list[int]]]:
+        """``[(name, numpy dtype name, shape per sample), ...]``."""
     @property
     def consumer_id(self) -> int: ...
     @property
@@ -148,3 +163,36 @@ class Consumer:
     @property
     def socket(self) -> str: ...
     def _images_region(self) -> tuple[int, int]: ...
+
+class _Producer:
+    """The native half of :class:`ladle.Producer`: ring, feed, control server, workers' socket."""
+
+    def __init__(
+        self,
+        schema: str,
+        len: int,
+        socket: str | PathLike[str],
+        *,
+        class_names: list[str],
+        source: str,
+        workers: int,
+        ring_bytes: int,
+        seed: int,
+        stall_timeout: float,
+        skip_bad: bool,
+        keep_alive: float | None,
+        token: str,
+    ) -> None: ...
+    @property
+    def worker_socket(self) -> str: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def schema(self) -> str: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def stopped(self) -> bool: ...
+    def stop(self) -> None: ...
+    def join(self) -> tuple[int, int, int]: ...
+    def stats(self) -> dict[str, int]: ...

@@ -104,37 +104,69 @@ def to_torch(
     normalize: tuple[Sequence[float], Sequence[float]] | None = None,
     channels_last: bool = False,
     non_blocking: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``(images, labels)``: float32 ``[B, 3, H, W]`` images scaled to 0–1 and
-    normalised with ``normalize=(mean, std)`` (per channel, on the 0–1 scale; e.g.
-    ``ladle.IMAGENET``), and int64 ``[B]`` labels, both on ``device`` (default ``"cpu"``).
+) -> tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]:
+    """An image feed's batch (fields ``image: u8[H, W, 3]`` and ``label: i64``) becomes
+    ``(images, labels)``: float32 ``[B, 3, H, W]`` images scaled to 0–1 and normalised with
+    ``normalize=(mean, std)`` (per channel, on the 0–1 scale; e.g. ``ladle.IMAGENET``), and
+    int64 ``[B]`` labels, both on ``device`` (default ``"cpu"``).
+
+    Any other feed's batch becomes a dict of every field, ``{name: [B, ...] tensor}`` on
+    ``device`` in the field's own dtype, except an ``image: u8[H, W, 3]`` field, which is
+    converted as above.
 
     ``channels_last=True`` gives the same shape in channels-last memory order (faster for
-    convolutions on recent GPUs). On CUDA the copy is asynchronous from pinned memory when
-    ``non_blocking`` (the default); the results are ordered on the current stream. The
+    convolutions on recent GPUs). On CUDA the image copy is asynchronous from pinned memory
+    when ``non_blocking`` (the default); the results are ordered on the current stream. The
     returned tensors are new memory: they do not hold the batch.
     """
     import torch
 
     device = torch.device("cpu" if device is None else device)
+    keys = batch.keys()
+    has_images = "image" in keys and _is_image(batch)
+    if has_images and keys == ["image", "label"]:
+        return (
+            _images(torch, batch, device, normalize, channels_last, non_blocking),
+            _field(torch, batch["label"], device),
+        )
+    out = {}
+    for name in keys:
+        if name == "image" and has_images:
+            out[name] = _images(torch, batch, device, normalize, channels_last, non_blocking)
+        else:
+            out[name] = _field(torch, batch[name], device)
+    return out
+
+
+def _is_image(batch: Batch) -> bool:
+    try:
+        batch.images
+    except AttributeError:
+        return False
+    return True
+
+
+def _field(torch_mod, view, device) -> torch.Tensor:
+    """A copy of one field on ``device`` (never a view of the ring: it must not hold it)."""
+    tensor = torch_mod.from_dlpack(view)
+    return tensor.clone() if device.type == "cpu" else tensor.to(device)
+
+
+def _images(torch, batch, device, normalize, channels_last, non_blocking) -> torch.Tensor:
+    """The image field as normalised float NCHW on ``device``."""
     images = torch.from_dlpack(batch.images)  # [B, H, W, 3] uint8, the ring itself
-    labels = torch.from_dlpack(batch.labels)
     if device.type == "cuda":
         _retire_finished()
         if non_blocking:
             _register(torch, batch)
         images = images.to(device, non_blocking=non_blocking)
-        labels = labels.to(device, non_blocking=non_blocking)
         if non_blocking:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
             # The copy reads the ring after this call returns: keep the batch until it is done.
             _in_flight.append((event, batch))
-    elif device.type == "cpu":
-        labels = labels.clone()  # tiny; must not pin the ring
-    else:
+    elif device.type != "cpu":
         images = images.to(device)
-        labels = labels.to(device)
     b, h, w, _ = images.shape
     out = torch.empty(
         (b, 3, h, w),
@@ -146,4 +178,4 @@ def to_torch(
     # shift + u8 * scale, HWC -> CHW, in one pass: read 1 byte, write 4 per element (the three
     # passes copy_/mul_/add_ moved 21; measured on an H100 by benches/gpu/to_torch_check.py).
     torch.addcmul(shift, images.permute(0, 3, 1, 2), scale, out=out)
-    return out, labels
+    return out
