@@ -1,22 +1,31 @@
 //! Consumer-side cost per batch: the time `Epoch::next` + dropping the batch take when the
-//! samples are already in the ring (the producer is ahead), for batch sizes 1 to 256 of
-//! 224×224 images. Zero copy means this must not grow with the batch size.
+//! samples are already in the ring (the producer is ahead), for batch sizes 1 to 256, on two
+//! feeds: 224×224 images (`image`, `label`) and a multi-field feed (`wave: f32[16000],
+//! length: i32, label: i64, mask: bool[3]`, an audio clip with its length) whose every field
+//! is looked up by name and viewed typed inside the timed part. Zero copy means this must
+//! not grow with the batch size.
 //!
-//! Method: an in-process producer over a small generated dataset fills a 256 MiB ring and
-//! blocks (backpressure); the consumer then takes half a ring's worth of batches, in rounds
-//! (up to 20, at most 500 batches) with the ring refilled before each, timing each `next()` and the batch's drop (the release), and, outside the
-//! timed part, reading one byte per image so that the views are real. Reported: median and
-//! mean µs per batch of the consumer thread's CPU time (its own cost) and of wall time (which
-//! also holds the moments the OS runs the producer's threads instead, on this 2-core machine).
+//! Method: an in-process producer fills its ring and blocks (backpressure); the consumer
+//! then takes half a ring's worth of batches, in rounds (up to 20, at most 500 batches) with
+//! the ring refilled before each, timing each `next()` and the batch's drop (the release),
+//! and, outside the timed part, reading one byte per sample of each field so that the views
+//! are real. Reported: median and mean µs per batch of the consumer thread's CPU time (its
+//! own cost) and of wall time (which also holds the moments the OS runs the producer's
+//! threads instead, on this 2-core machine).
 //!
 //! Run: `cargo bench -p ladle-benches --bench consumer_overhead`
 
+use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use ladle_consumer::DatasetInfo as Info;
+use ladle_consumer::Schema;
 use ladle_consumer::prelude::*;
-use ladle_datasets::Format;
-use ladle_producer::{Producer, ProducerConfig};
+use ladle_datasets::pipeline::{SampleMaker, WorkItem};
+use ladle_datasets::{Format, SampleError};
+use ladle_producer::{CustomSource, Producer, ProducerConfig};
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -29,8 +38,97 @@ fn main() {
         ..ProducerConfig::default()
     };
     let producer = Producer::start(Arc::from(dataset), config).expect("start the producer");
+    measure(&producer, &socket, |batch, read| {
+        let bytes = batch.images();
+        if !read {
+            return bytes.as_ptr() as u64;
+        }
+        let per = bytes.len() / batch.len();
+        (0..batch.len()).map(|i| u64::from(bytes[i * per])).sum()
+    });
+    producer.stop();
+    producer.wait().expect("producer stopped cleanly");
+
+    let socket = dir.path().join("fields.sock");
+    let config = ProducerConfig {
+        socket: socket.clone(),
+        threads: 2,
+        ..ProducerConfig::default()
+    };
+    let source = Arc::new(Clips {
+        schema: "wave: f32[16000], length: i32, label: i64, mask: bool[3]"
+            .parse()
+            .expect("schema"),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = Producer::start_custom(source, config, stop).expect("start the producer");
+    measure(&producer, &socket, |batch, read| {
+        // Every field by name, typed.
+        let wave = batch.field::<f32>("wave").expect("wave");
+        let length = batch.field::<i32>("length").expect("length");
+        let label = batch.field::<i64>("label").expect("label");
+        let mask = batch.field_view("mask").expect("mask");
+        if !read {
+            let ptrs = [
+                wave.as_ptr() as u64,
+                length.as_ptr() as u64,
+                label.as_ptr() as u64,
+            ];
+            return ptrs.iter().sum::<u64>() + mask.bytes.as_ptr() as u64;
+        }
+        let per = wave.len() / batch.len();
+        (0..batch.len())
+            .map(|i| {
+                wave[i * per] as u64
+                    + length[i] as u64
+                    + label[i] as u64
+                    + u64::from(mask.bytes[i * 3])
+            })
+            .sum()
+    });
+    producer.stop();
+    producer.wait().expect("producer stopped cleanly");
+}
+
+/// An audio-like feed made in memory: the cost measured is the consumer's, not the source's.
+#[derive(Debug)]
+struct Clips {
+    schema: Schema,
+}
+
+impl CustomSource for Clips {
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+    fn info(&self) -> Info {
+        Info {
+            len: 20_000,
+            class_names: vec![],
+            source: "clips".into(),
+        }
+    }
+    fn maker(&self) -> Box<dyn SampleMaker + '_> {
+        Box::new(ClipMaker)
+    }
+}
+
+struct ClipMaker;
+
+impl SampleMaker for ClipMaker {
+    fn make(&mut self, item: &WorkItem, fields: &mut [&mut [u8]]) -> Result<(), SampleError> {
+        for (k, field) in fields.iter_mut().enumerate() {
+            field.fill((item.index as usize + k) as u8);
+        }
+        Ok(())
+    }
+}
+
+/// Times `next()`, `touch(batch, false)` (looking the fields up) and the drop over batch
+/// sizes 1..=256 on `producer`'s feed; `touch(batch, true)`, outside the timed part, reads a
+/// byte of every sample of every field it views and returns a checksum.
+fn measure(producer: &Producer, socket: &Path, touch: impl Fn(&Batch<'_>, bool) -> u64) {
     let capacity = producer.layout().capacity;
-    println!("ring: {capacity} samples of 224x224x3");
+    println!("ring: {capacity} samples of `{}`", producer.layout().schema);
     println!(
         "{:>6} {:>8} {:>13} {:>11} {:>13} {:>11}   (µs per batch)",
         "batch", "batches", "cpu median", "cpu mean", "wall median", "wall mean"
@@ -41,7 +139,7 @@ fn main() {
             max_batches_held: 2,
             ..ConsumerConfig::default()
         };
-        let consumer = Consumer::connect(&socket, cfg).expect("connect");
+        let consumer = Consumer::connect(socket, cfg).expect("connect");
         let start = consumer.start_seq();
         let per_round = ((capacity / 2) / u64::from(batch_size)).max(1);
         let n = 500.min((per_round * 20) as usize);
@@ -70,16 +168,12 @@ fn main() {
                 epoch = consumer.epoch(); // the dataset's epoch ended: go on with the next
                 continue;
             };
-            let (handed_out, handed_out_cpu) = (t.elapsed(), thread_cpu() - c);
             let batch = batch.expect("no error");
+            checksum = checksum.wrapping_add(std::hint::black_box(touch(&batch, false)));
+            let (handed_out, handed_out_cpu) = (t.elapsed(), thread_cpu() - c);
+            checksum = checksum.wrapping_add(touch(&batch, true));
             taken += 1;
             next_seq = batch.first_seq() + batch.len() as u64;
-            // Outside the timed part: check the views are real (one byte per image).
-            let bytes = batch.images();
-            let per = bytes.len() / batch.len();
-            checksum += (0..batch.len())
-                .map(|i| u64::from(bytes[i * per]))
-                .sum::<u64>();
             let (t, c) = (Instant::now(), thread_cpu());
             drop(batch);
             times.push(handed_out + t.elapsed());
@@ -97,8 +191,6 @@ fn main() {
             us(mean(&times)),
         );
     }
-    producer.stop();
-    producer.wait().expect("producer stopped cleanly");
 }
 
 /// CPU time this thread has used: the consumer's own cost, without the time the OS gave the
