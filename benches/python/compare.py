@@ -20,6 +20,16 @@ Every system delivers uint8 images (conversion and normalisation belong on the G
 ``Batch.to_torch`` does them), so all three do the same work per sample: decode, random
 resized crop to 224, flip.
 
+``--recipe cifar`` runs the CIFAR training recipe instead: the dataset is CIFAR-10 binary
+batches (default: 50 000 synthetic records made by ``ladle dataset generate --format cifar10
+--count 50000``), the transform ``RandomCrop(32, padding=4), RandomHorizontalFlip()``, and
+the systems ladle (``ladle serve --transform '...'``) and dataloader, whose Dataset is
+``CifarBinary`` below: a small map-style Dataset holding the binary batches in memory, as
+``torchvision.datasets.CIFAR10`` does (its own reader wants the pickled Python version of
+the files), returning a PIL image per record for torchvision's ``RandomCrop(32, padding=4)``,
+``RandomHorizontalFlip()`` and ``PILToTensor()``. Nothing else changes: the same consumers,
+workers per loader, timing and CPU accounting.
+
 Measured per system: aggregate samples/s (the sum over consumers of samples / seconds, timed
 from each consumer's first batch), CPU-seconds per 1000 samples (user + system time of every
 process of the system, producers, workers and consumers, sampled with psutil every
@@ -34,6 +44,7 @@ Usage (from the repository root, after ``pip install ./consumer-sdk/python`` and
 
     cargo build --release -p ladle
     python benches/python/compare.py --seconds 30 --json out.json --plot out.png
+    python benches/python/compare.py --recipe cifar --seconds 30 --json cifar.json
 """
 
 from __future__ import annotations
@@ -52,6 +63,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMS = ("ladle", "dataloader", "tensorsocket")
+RECIPES = ("imagenet", "cifar")
+CIFAR_TRANSFORM = "RandomCrop(32, padding=4), RandomHorizontalFlip()"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,18 +72,57 @@ SYSTEMS = ("ladle", "dataloader", "tensorsocket")
 # ---------------------------------------------------------------------------------------------
 
 
-def _torchvision_loader(dataset: str, batch_size: int, workers: int):
+class CifarBinary:
+    """CIFAR-10 binary batches (``data_batch_*.bin``: records of 1 label byte and 3072 bytes
+    of planar RGB) as a map-style Dataset of ``(PIL image, label)``, held in memory like
+    ``torchvision.datasets.CIFAR10``."""
+
+    def __init__(self, root: str, transform) -> None:
+        import numpy as np
+
+        files = sorted(Path(root).glob("data_batch_*.bin"))
+        if not files:
+            raise SystemExit(f"{root}: no data_batch_*.bin files (a CIFAR-10 binary dataset)")
+        records = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in files])
+        records = records.reshape(-1, 3073)
+        self.labels = records[:, 0].astype(np.int64)
+        self.images = np.ascontiguousarray(
+            records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        )
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        image = self.transform(Image.fromarray(self.images[index]))
+        return image, int(self.labels[index])
+
+
+def _torchvision_loader(dataset: str, batch_size: int, workers: int, recipe: str = "imagenet"):
     import torch
     from torchvision import datasets, transforms
 
-    transform = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(224),
-            transforms.RandomHorizontalFlip(),
-            transforms.PILToTensor(),
-        ]
-    )
-    data = datasets.ImageFolder(dataset, transform=transform)
+    if recipe == "cifar":
+        transform = transforms.Compose(
+            [
+                transforms.RandomCrop(32, padding=4),
+                transforms.RandomHorizontalFlip(),
+                transforms.PILToTensor(),
+            ]
+        )
+        data = CifarBinary(dataset, transform)
+    else:
+        transform = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(224),
+                transforms.RandomHorizontalFlip(),
+                transforms.PILToTensor(),
+            ]
+        )
+        data = datasets.ImageFolder(dataset, transform=transform)
     return torch.utils.data.DataLoader(
         data,
         batch_size=batch_size,
@@ -117,12 +169,12 @@ def role_consumer(args: argparse.Namespace) -> None:
         consumer = ladle.Consumer(args.socket, args.batch_size, name=f"bench-{args.batch_size}")
         while True:
             for batch in consumer:
-                images = torch.from_dlpack(batch.images)  # [B, 224, 224, 3] uint8, no copy
+                images = torch.from_dlpack(batch.images)  # [B, S, S, 3] uint8, no copy
                 labels = torch.from_dlpack(batch.labels)
                 yield images, labels
 
     def batches_of_dataloader():
-        loader = _torchvision_loader(args.dataset, args.batch_size, args.workers)
+        loader = _torchvision_loader(args.dataset, args.batch_size, args.workers, args.recipe)
         while True:
             yield from loader
 
@@ -171,7 +223,7 @@ def role_ts_producer(args: argparse.Namespace) -> None:
 
     _quiet_tensorsocket()
 
-    loader = _torchvision_loader(args.dataset, 32, args.workers)
+    loader = _torchvision_loader(args.dataset, 32, args.workers, args.recipe)
     producer = TensorProducer(loader, producer_batch_size=8, consumer_max_buffer_size=10)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -251,10 +303,11 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path) -> dict:
     producers: list[subprocess.Popen] = []
     socket = tmp / f"{system}.sock"
     if system == "ladle":
+        transform = ["--transform", CIFAR_TRANSFORM] if args.recipe == "cifar" else []
         producers.append(
             subprocess.Popen(
                 [ladle_bin(), "serve", "--dataset", args.dataset, "--socket", socket,
-                 "--threads", str(cores), "--ring-mib", "512"],
+                 "--threads", str(cores), "--ring-mib", "512", *transform],
                 stdout=subprocess.DEVNULL,
                 stderr=open(tmp / "serve.log", "wb"),
             )
@@ -268,7 +321,7 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path) -> dict:
         producers.append(
             subprocess.Popen(
                 [*me, "--role", "ts-producer", "--dataset", args.dataset,
-                 "--workers", str(cores)],
+                 "--workers", str(cores), "--recipe", args.recipe],
                 stderr=open(tmp / "ts-producer.log", "wb"),
             )
         )
@@ -279,7 +332,8 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path) -> dict:
     for batch_size in args.batch_sizes:
         cmd = [*me, "--role", "consumer", "--system", system, "--batch-size", str(batch_size),
                "--seconds", str(args.seconds), "--dataset", args.dataset,
-               "--socket", str(socket), "--workers", str(max(1, cores // n))]
+               "--socket", str(socket), "--workers", str(max(1, cores // n)),
+               "--recipe", args.recipe]
         consumers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                           stderr=open(tmp / f"{system}-{batch_size}.log", "wb")))
         sampler.add(consumers[-1].pid)
@@ -360,15 +414,21 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--recipe", choices=RECIPES, default="imagenet",
+                        help="imagenet: an ImageFolder with RandomResizedCrop(224) + flip "
+                             "(default); cifar: CIFAR-10 binary with RandomCrop(32, padding=4) "
+                             "+ flip, systems ladle and dataloader")
     parser.add_argument("--dataset", default=None,
-                        help="ImageFolder directory (default: ladle's cached demo dataset, "
+                        help="ImageFolder directory, or CIFAR-10 binary directory with "
+                             "--recipe cifar (default: ladle's cached demo dataset, "
                              "generated with `ladle dataset generate` if missing)")
     parser.add_argument("--batch-sizes", default="32,64,128,256",
                         help="one consumer per batch size (default: 32,64,128,256)")
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="how long each consumer reads, from its first batch (default 30)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help="which systems to run, in order (default: all three)")
+    parser.add_argument("--systems", default=None,
+                        help="which systems to run, in order (default: all three; "
+                             "ladle,dataloader with --recipe cifar)")
     parser.add_argument("--json", help="write the results as JSON to this file")
     parser.add_argument("--plot", help="write a bar chart (PNG) to this file")
     args = parser.parse_args()
@@ -378,13 +438,23 @@ def main() -> None:
         return role_ts_producer(args)
 
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.systems is None:
+        args.systems = "ladle,dataloader" if args.recipe == "cifar" else ",".join(SYSTEMS)
     if args.dataset is None:
-        cached = Path.home() / ".cache" / "ladle" / "demo-imagefolder-v2-1000"
+        if args.recipe == "cifar":
+            cached = Path.home() / ".cache" / "ladle" / "cifar10-50000"
+            generate = ["--format", "cifar10", "--count", "50000"]
+        else:
+            cached = Path.home() / ".cache" / "ladle" / "demo-imagefolder-v2-1000"
+            generate = ["--format", "imagefolder", "--count", "1000"]
         if not cached.exists():
-            subprocess.run([ladle_bin(), "dataset", "generate", "--format", "imagefolder",
-                            "--count", "1000", "--out", cached], check=True)
+            subprocess.run([ladle_bin(), "dataset", "generate", *generate, "--out", cached],
+                           check=True)
         args.dataset = str(cached)
     results = {
+        "recipe": args.recipe,
+        "transform": CIFAR_TRANSFORM if args.recipe == "cifar"
+        else "RandomResizedCrop(224), RandomHorizontalFlip()",
         "dataset": args.dataset,
         "batch_sizes": args.batch_sizes,
         "seconds": args.seconds,
@@ -405,6 +475,14 @@ def main() -> None:
             s: ladle_rate / r["samples_per_s"]
             for s, r in results["systems"].items()
             if s != "ladle" and r["samples_per_s"]
+        }
+    ladle_cpu = results["systems"].get("ladle", {}).get("cpu_s_per_1000_samples")
+    if ladle_cpu:
+        # How many times the CPU per sample the other systems spend (higher favours ladle).
+        results["ladle_cpu_advantage"] = {
+            s: r["cpu_s_per_1000_samples"] / ladle_cpu
+            for s, r in results["systems"].items()
+            if s != "ladle" and r["cpu_s_per_1000_samples"]
         }
     text = json.dumps(results, indent=2)
     print(text)

@@ -3,7 +3,7 @@
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use super::{PaddingMode, ResizeTo, Transform, Transforms, resized_dims};
+use super::{Drawn, PaddingMode, ResizeTo, Transform, Transforms, resized_dims};
 use crate::decode::RgbImage;
 use crate::error::AugmentError;
 use crate::rng::{SampleRng, Stream};
@@ -126,7 +126,16 @@ fn pad_map(x: i64, n: i64, mode: PaddingMode) -> Option<i64> {
 /// How a producing transform makes its output.
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    /// Resample a (fractional) source rectangle to the output size.
+    /// Crop a box, then resample the crop alone to the output size: pixels outside the box
+    /// never contribute, as torchvision's `resized_crop` (crop, then resize).
+    CropResample {
+        left: u32,
+        top: u32,
+        width: u32,
+        height: u32,
+    },
+    /// Resample a (fractional) source rectangle to the output size; the filter reads source
+    /// pixels beyond the rectangle's edges, as resizing the whole image would.
     Resample {
         left: f64,
         top: f64,
@@ -140,6 +149,17 @@ enum Op {
         mode: PaddingMode,
         fill: [u8; 3],
     },
+}
+
+/// Where [`Transformer::apply_traced`] collects what each transform drew; `None` when not
+/// tracing.
+pub(super) type Trace<'a> = Option<&'a mut Vec<Drawn>>;
+
+/// Adds `drawn` to the trace, if there is one.
+pub(super) fn record(trace: &mut Trace<'_>, drawn: impl FnOnce() -> Drawn) {
+    if let Some(t) = trace {
+        t.push(drawn());
+    }
 }
 
 /// Python's `round` (half to even) of `d / 2` for an integer `d ≥ 0`.
@@ -238,6 +258,34 @@ impl Transformer {
         index: u64,
         out: &mut [u8],
     ) -> Result<(), AugmentError> {
+        self.run(image, seed, epoch, index, out, None)
+    }
+
+    /// [`apply`](Self::apply), also reporting what each transform drew (crop boxes, flips,
+    /// jitter factors, the TrivialAugmentWide operation): the same output and the same
+    /// random draws, so another implementation can be run with the same parameters.
+    pub fn apply_traced(
+        &mut self,
+        image: RgbImage<'_>,
+        seed: u64,
+        epoch: u64,
+        index: u64,
+        out: &mut [u8],
+    ) -> Result<Vec<Drawn>, AugmentError> {
+        let mut drawn = Vec::with_capacity(self.transforms.list().len());
+        self.run(image, seed, epoch, index, out, Some(&mut drawn))?;
+        Ok(drawn)
+    }
+
+    fn run(
+        &mut self,
+        image: RgbImage<'_>,
+        seed: u64,
+        epoch: u64,
+        index: u64,
+        out: &mut [u8],
+        mut trace: Trace<'_>,
+    ) -> Result<(), AugmentError> {
         let size = self.transforms.size();
         let expected = self.transforms.output_len();
         if out.len() != expected {
@@ -281,11 +329,11 @@ impl Transformer {
                     Loc::Out => &mut out[..],
                     _ => &mut bufs[0][..n],
                 };
-                pixel_op(t, &mut rng, px, w as usize, tmp)?;
+                pixel_op(t, &mut rng, px, w as usize, tmp, &mut trace)?;
                 i += 1;
                 continue;
             }
-            let (op, nw, nh, end) = plan(list, i, w, h, &mut rng)?;
+            let (op, nw, nh, end) = plan(list, i, w, h, &mut rng, &mut trace)?;
             check_dims(name(t), u64::from(nw), u64::from(nh))?;
             let dst = if end == *last_producer {
                 Loc::Out
@@ -335,6 +383,33 @@ impl Transformer {
                         .resize(&s, &mut d, &options)
                         .map_err(|e| resize_err(&e))?;
                 }
+                Op::CropResample {
+                    left,
+                    top,
+                    width,
+                    height,
+                } => {
+                    let resize_err =
+                        |e: &dyn std::fmt::Display| AugmentError::Resize(e.to_string());
+                    let (l, t, cw, ch) =
+                        (left as usize, top as usize, width as usize, height as usize);
+                    let row = w as usize * 3;
+                    tmp.clear();
+                    // Room for any crop of this image, so that varying boxes stop growing it.
+                    tmp.reserve(src.len());
+                    for y in t..t + ch {
+                        tmp.extend_from_slice(&src[y * row + l * 3..y * row + (l + cw) * 3]);
+                    }
+                    let s = ImageRef::new(width, height, tmp, PixelType::U8x3)
+                        .map_err(|e| resize_err(&e))?;
+                    let mut d = Image::from_slice_u8(nw, nh, dst_px, PixelType::U8x3)
+                        .map_err(|e| resize_err(&e))?;
+                    let options = ResizeOptions::new()
+                        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+                    resizer
+                        .resize(&s, &mut d, &options)
+                        .map_err(|e| resize_err(&e))?;
+                }
                 Op::Copy { x, y, mode, fill } => {
                     copy_padded(src, (w, h), dst_px, (nw, nh), (x, y), mode, fill, cols);
                 }
@@ -360,37 +435,53 @@ fn plan(
     w: u32,
     h: u32,
     rng: &mut SampleRng,
+    trace: &mut Trace<'_>,
 ) -> Result<(Op, u32, u32, usize), AugmentError> {
     let (wf, hf) = (f64::from(w), f64::from(h));
     Ok(match list[i] {
         Transform::RandomResizedCrop { size, scale, ratio } => {
             let c = random_resized_crop(rng, w, h, scale, ratio);
-            let op = Op::Resample {
-                left: c.left,
-                top: c.top,
-                width: c.width,
-                height: c.height,
+            record(trace, || Drawn::RandomResizedCrop {
+                top: c.top as u32,
+                left: c.left as u32,
+                height: c.height as u32,
+                width: c.width as u32,
+            });
+            let op = Op::CropResample {
+                left: c.left as u32,
+                top: c.top as u32,
+                width: c.width as u32,
+                height: c.height as u32,
             };
             (op, size.1, size.0, i)
         }
         Transform::Resize { size } => {
-            let ((nw, nh), sx, sy) = match size {
-                ResizeTo::Shorter(s) => {
-                    let scale = f64::from(s) / wf.min(hf);
-                    (resized_dims(w, h, s), scale, scale)
-                }
-                ResizeTo::Exact(rh, rw) => ((rw, rh), f64::from(rw) / wf, f64::from(rh) / hf),
+            let (nw, nh) = match size {
+                ResizeTo::Shorter(s) => resized_dims(w, h, s),
+                ResizeTo::Exact(rh, rw) => (rw, rh),
             };
+            record(trace, || Drawn::Resize {
+                height: nh,
+                width: nw,
+            });
             match list.get(i + 1) {
                 Some(&Transform::CenterCrop { size: (ch, cw) }) if cw <= nw && ch <= nh => {
-                    // Resize + CenterCrop as one resampling of the centred source region.
-                    let sw = (f64::from(cw) / sx).min(wf);
-                    let sh = (f64::from(ch) / sy).min(hf);
+                    // Resize + CenterCrop as one resampling: the source region that the
+                    // crop, at torchvision's integer offset round((n - crop) / 2), takes of
+                    // the image resized to exactly nw × nh.
+                    record(trace, || Drawn::CenterCrop {
+                        height: ch,
+                        width: cw,
+                        fused: true,
+                    });
+                    let (sx, sy) = (f64::from(nw) / wf, f64::from(nh) / hf);
+                    let dx = half_round_even(i64::from(nw) - i64::from(cw)) as f64;
+                    let dy = half_round_even(i64::from(nh) - i64::from(ch)) as f64;
                     let op = Op::Resample {
-                        left: (wf - sw) / 2.0,
-                        top: (hf - sh) / 2.0,
-                        width: sw,
-                        height: sh,
+                        left: dx / sx,
+                        top: dy / sy,
+                        width: (f64::from(cw) / sx).min(wf),
+                        height: (f64::from(ch) / sy).min(hf),
                     };
                     (op, cw, ch, i + 1)
                 }
@@ -425,6 +516,11 @@ fn plan(
                 mode: PaddingMode::Constant,
                 fill: [0; 3],
             };
+            record(trace, || Drawn::CenterCrop {
+                height: ch,
+                width: cw,
+                fused: false,
+            });
             (op, cw, ch, i)
         }
         Transform::RandomCrop {
@@ -464,6 +560,12 @@ fn plan(
                 y.start = rng.inclusive(0, (n2h - i64::from(ch)) as u64) as i64;
                 x.start = rng.inclusive(0, (n2w - i64::from(cw)) as u64) as i64;
             }
+            record(trace, || Drawn::RandomCrop {
+                padding: [left, top, right, bottom],
+                pad_if_needed: [x.pad2 as u32, y.pad2 as u32],
+                top: y.start as u32,
+                left: x.start as u32,
+            });
             let op = Op::Copy {
                 x,
                 y,
@@ -583,9 +685,10 @@ fn shift_hue(px: &mut [u8], hue: f32) {
         4 => (t, p, v),
         _ => (v, p, q),
     };
-    px[0] = (r * 255.0) as u8;
-    px[1] = (g * 255.0) as u8;
-    px[2] = (b * 255.0) as u8;
+    // convert_image_dtype(float → uint8): times 255.999, truncated.
+    px[0] = (r * 255.999) as u8;
+    px[1] = (g * 255.999) as u8;
+    px[2] = (b * 255.999) as u8;
 }
 
 /// Applies one in-place transform to a `width`-pixel-wide RGB image.
@@ -595,28 +698,35 @@ fn pixel_op(
     px: &mut [u8],
     width: usize,
     tmp: &mut Vec<u8>,
+    trace: &mut Trace<'_>,
 ) -> Result<(), AugmentError> {
     match *t {
         Transform::TrivialAugmentWide {
             num_magnitude_bins,
             fill,
-        } => super::trivial::apply(rng, px, width, num_magnitude_bins, fill, tmp),
+        } => super::trivial::apply(rng, px, width, num_magnitude_bins, fill, tmp, trace),
         Transform::RandomHorizontalFlip { p } => {
-            if rng.next_f64() < p {
+            let flipped = rng.next_f64() < p;
+            if flipped {
                 flip_horizontal(px, width);
             }
+            record(trace, || Drawn::RandomHorizontalFlip { flipped });
         }
         Transform::RandomVerticalFlip { p } => {
-            if rng.next_f64() < p {
+            let flipped = rng.next_f64() < p;
+            if flipped {
                 flip_vertical(px, width);
             }
+            record(trace, || Drawn::RandomVerticalFlip { flipped });
         }
         Transform::RandomGrayscale { p } => {
-            if rng.next_f64() < p {
+            let applied = rng.next_f64() < p;
+            if applied {
                 for c in px.chunks_exact_mut(3) {
                     c.fill(gray(c));
                 }
             }
+            record(trace, || Drawn::RandomGrayscale { applied });
         }
         Transform::ColorJitter {
             brightness,
@@ -637,6 +747,13 @@ fn pixel_op(
                 draw(saturation),
                 draw(hue),
             ];
+            record(trace, || Drawn::ColorJitter {
+                order: order.map(|k| k as u8),
+                brightness: factors[0],
+                contrast: factors[1],
+                saturation: factors[2],
+                hue: factors[3],
+            });
             for k in order {
                 let Some(f) = factors[k] else { continue };
                 match k {

@@ -46,10 +46,19 @@
 //!   `(seed, epoch, index)`, one stream per sample drawn in pipeline order, so a sample is
 //!   transformed identically on every run; the values differ from torch's generator.
 //! - Resampling is bilinear with antialiasing (torchvision's default `antialias=True`) by
-//!   `fast_image_resize`. `Resize` directly followed by a `CenterCrop` that fits is fused into
-//!   one resampling of the matching (fractional, exactly centred) source region, as ladle's
-//!   `--eval` always did; torchvision resizes, rounds to u8, then crops at an integer offset,
-//!   so the two differ by a sub-pixel shift.
+//!   `fast_image_resize`. `RandomResizedCrop` crops, then resamples the crop alone (pixels
+//!   outside the box never contribute, as in torchvision's `resized_crop`). `Resize` directly
+//!   followed by a `CenterCrop` that fits is fused into one resampling of the source region
+//!   that torchvision's crop, at its integer offset `round((n - crop) / 2)`, takes of the
+//!   resized image, so the result is torchvision's resize-then-crop up to resampling rounding.
+//! - Checked against torchvision on real photographs with the same drawn parameters
+//!   (`benches/python/test_transforms_parity.py`, table in `benches/README.md`): crops,
+//!   padding in every mode, flips, brightness, hue and eleven of TrivialAugmentWide's fourteen
+//!   operations are byte-identical to torchvision's tensor path; resampling is within 1 level;
+//!   contrast, saturation, grayscale and TrivialAugmentWide's `Color`/`Contrast` within 1
+//!   level (the grayscale weights below; chained in `ColorJitter`, a contrast factor can
+//!   amplify it to a few levels), `Sharpness` within 1 level on a few pixels in a thousand.
+//!   [`Transformer::apply_traced`] reports the draws.
 //! - `RandomCrop`'s draws follow torchvision's `get_params` (top, then left; no draw when the
 //!   crop is the whole image); `pad_if_needed` pads each side by the missing width (height),
 //!   as torchvision does. `reflect` and `symmetric` accept padding larger than the image
@@ -58,15 +67,16 @@
 //!   permutation), then the brightness, contrast, saturation and hue factors in that fixed
 //!   order, and applies the adjustments in the drawn order with torchvision's tensor
 //!   formulas: blends truncated to u8, contrast against the mean of the grayscale image, hue
-//!   through torchvision's `_rgb2hsv`/`_hsv2rgb` in f32.
+//!   through torchvision's `_rgb2hsv`/`_hsv2rgb` in f32 and back to u8 as its
+//!   `convert_image_dtype` (times 255.999, truncated).
 //! - Grayscale (`RandomGrayscale` and the contrast/saturation references) uses the weights
 //!   0.299/0.587/0.114 in 16-bit fixed point with rounding (PIL's `convert("L")`, which gray
 //!   pixels survive unchanged), not the tensor path's truncated 0.2989.
 //! - `TrivialAugmentWide` draws the operation, then the bin, then the sign, as torchvision's
 //!   `forward`, and follows torchvision's u8 tensor implementation of each of its fourteen
 //!   operations (affine ops by nearest sampling in f32 as `grid_sample`, sharpness's rounded
-//!   3×3 smoothing, per-channel autocontrast and equalize); it was written from torchvision's
-//!   source and checked by hand-computed cases, not compared with torch's output.
+//!   3×3 smoothing, per-channel autocontrast and equalize), with its blend weights `1 + m`
+//!   and exactly `-m` as torchvision's f64 arithmetic gives them.
 //! - The pipeline must end in a fixed, square output size, the ring's slot: a spec whose
 //!   output depends on the input image (only `Resize(256)`) or is not square is an error.
 //!
@@ -85,6 +95,91 @@ mod trivial;
 use std::fmt;
 
 pub use apply::Transformer;
+
+/// What one transform of a pipeline drew (or did) for one sample, as
+/// [`Transformer::apply_traced`] reports it: one entry per transform, in pipeline order.
+/// Sizes and positions are in pixels of the transform's input image, `(top, left)` first as
+/// torchvision's `get_params` return them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "transform")]
+#[non_exhaustive]
+pub enum Drawn {
+    /// The crop box that was resized to the output size (`F.resized_crop`).
+    RandomResizedCrop {
+        /// Top edge.
+        top: u32,
+        /// Left edge.
+        left: u32,
+        /// Crop height.
+        height: u32,
+        /// Crop width.
+        width: u32,
+    },
+    /// The padding applied, then the crop's corner in the padded image.
+    RandomCrop {
+        /// `padding` as declared, `(left, top, right, bottom)`.
+        padding: [u32; 4],
+        /// What `pad_if_needed` added on each side, `(x, y)`: left and right by `x`, top and
+        /// bottom by `y`.
+        pad_if_needed: [u32; 2],
+        /// Top edge in the padded image.
+        top: u32,
+        /// Left edge in the padded image.
+        left: u32,
+    },
+    /// The resized `(height, width)`.
+    Resize {
+        /// Output height.
+        height: u32,
+        /// Output width.
+        width: u32,
+    },
+    /// The crop size; `fused` when it was done as one resampling with the preceding `Resize`.
+    CenterCrop {
+        /// Output height.
+        height: u32,
+        /// Output width.
+        width: u32,
+        /// Resampled together with the `Resize` before it.
+        fused: bool,
+    },
+    /// Whether the image was mirrored left to right.
+    RandomHorizontalFlip {
+        /// The flip happened.
+        flipped: bool,
+    },
+    /// Whether the image was mirrored top to bottom.
+    RandomVerticalFlip {
+        /// The flip happened.
+        flipped: bool,
+    },
+    /// Whether the image was made gray.
+    RandomGrayscale {
+        /// The conversion happened.
+        applied: bool,
+    },
+    /// The order of the adjustments (0 brightness, 1 contrast, 2 saturation, 3 hue) and the
+    /// factors drawn (`None`: not jittered).
+    ColorJitter {
+        /// Adjustments in the order applied.
+        order: [u8; 4],
+        /// Brightness factor.
+        brightness: Option<f32>,
+        /// Contrast factor.
+        contrast: Option<f32>,
+        /// Saturation factor.
+        saturation: Option<f32>,
+        /// Hue shift.
+        hue: Option<f32>,
+    },
+    /// The operation (torchvision's name) and its signed magnitude (`None`: it has none).
+    TrivialAugmentWide {
+        /// `Identity`, `ShearX`, ..., `Equalize`.
+        op: &'static str,
+        /// The magnitude passed to torchvision's `_apply_op`.
+        magnitude: Option<f32>,
+    },
+}
 
 /// Largest side, in pixels, of any size argument.
 pub const MAX_SIDE: u32 = 8192;
@@ -372,8 +467,7 @@ impl Transforms {
         Ok(Self { list, size: height })
     }
 
-    /// `RandomResizedCrop(size), RandomHorizontalFlip()`: the default training transform,
-    /// byte-identical to `Augment::train(size)`.
+    /// `RandomResizedCrop(size), RandomHorizontalFlip()`: the default training transform.
     pub fn train(size: u32) -> Self {
         Self {
             list: vec![
@@ -388,8 +482,7 @@ impl Transforms {
         }
     }
 
-    /// `Resize(ceil(size * 256 / 224)), CenterCrop(size)`: the evaluation transform,
-    /// byte-identical to `Augment::eval(size)`.
+    /// `Resize(ceil(size * 256 / 224)), CenterCrop(size)`: the evaluation transform.
     pub fn eval(size: u32) -> Self {
         let resize = (u64::from(size) * 256).div_ceil(224) as u32;
         Self {

@@ -2,7 +2,8 @@
 //! magnitude drawn uniformly from `num_magnitude_bins` bins, negated with probability 1/2
 //! for the signed ones. Each operation follows torchvision's tensor (u8) implementation.
 
-use super::apply::gray;
+use super::Drawn;
+use super::apply::{Trace, gray, record};
 use crate::rng::SampleRng;
 
 /// The operations, in torchvision's `_augmentation_space` order.
@@ -22,6 +23,28 @@ enum Op {
     Solarize,
     AutoContrast,
     Equalize,
+}
+
+impl Op {
+    /// torchvision's name of the operation (`_apply_op`'s `op_name`).
+    fn name(self) -> &'static str {
+        match self {
+            Self::Identity => "Identity",
+            Self::ShearX => "ShearX",
+            Self::ShearY => "ShearY",
+            Self::TranslateX => "TranslateX",
+            Self::TranslateY => "TranslateY",
+            Self::Rotate => "Rotate",
+            Self::Brightness => "Brightness",
+            Self::Color => "Color",
+            Self::Contrast => "Contrast",
+            Self::Sharpness => "Sharpness",
+            Self::Posterize => "Posterize",
+            Self::Solarize => "Solarize",
+            Self::AutoContrast => "AutoContrast",
+            Self::Equalize => "Equalize",
+        }
+    }
 }
 
 const OPS: [Op; 14] = [
@@ -82,6 +105,7 @@ pub(super) fn apply(
     bins: u32,
     fill: [u8; 3],
     tmp: &mut Vec<u8>,
+    trace: &mut Trace<'_>,
 ) {
     let op = OPS[rng.below(OPS.len() as u64) as usize];
     let (mag, signed) = magnitude(op, bins, 0);
@@ -93,6 +117,10 @@ pub(super) fn apply(
             m = -m;
         }
     }
+    record(trace, || Drawn::TrivialAugmentWide {
+        op: op.name(),
+        magnitude: mag.map(|_| m),
+    });
     let height = px.len() / (width * 3).max(1);
     match op {
         Op::Identity => {}
@@ -123,20 +151,20 @@ pub(super) fn apply(
             let matrix = inverse_affine((0.0, 0.0), -f64::from(m), (0.0, 0.0), (0.0, 0.0));
             affine(px, width, height, matrix, fill, tmp);
         }
-        Op::Brightness => px.iter_mut().for_each(|c| *c = blend(*c, 0.0, 1.0 + m)),
+        Op::Brightness => px.iter_mut().for_each(|c| *c = blend(*c, 0.0, m)),
         Op::Color => {
             for c in px.chunks_exact_mut(3) {
                 let g = f32::from(gray(c));
-                c.iter_mut().for_each(|v| *v = blend(*v, g, 1.0 + m));
+                c.iter_mut().for_each(|v| *v = blend(*v, g, m));
             }
         }
         Op::Contrast => {
             let n = (px.len() / 3).max(1);
             let sum: u64 = px.chunks_exact(3).map(|c| u64::from(gray(c))).sum();
             let mean = (sum as f64 / n as f64) as f32;
-            px.iter_mut().for_each(|c| *c = blend(*c, mean, 1.0 + m));
+            px.iter_mut().for_each(|c| *c = blend(*c, mean, m));
         }
-        Op::Sharpness => sharpness(px, width, height, 1.0 + m, tmp),
+        Op::Sharpness => sharpness(px, width, height, m, tmp),
         Op::Posterize => {
             let bits = m as u32;
             let mask = if bits == 0 {
@@ -156,9 +184,12 @@ pub(super) fn apply(
     }
 }
 
-/// torchvision's `_blend` on u8: `ratio * a + (1 - ratio) * b`, clamped, truncated.
-fn blend(a: u8, b: f32, ratio: f32) -> u8 {
-    (ratio * f32::from(a) + (1.0 - ratio) * b).clamp(0.0, 255.0) as u8
+/// torchvision's `_blend` on u8 with `ratio = 1 + m`: `ratio * a + (1 - ratio) * b`,
+/// clamped, truncated. torchvision computes `1 + m` and `1 - ratio` in Python's f64, so the
+/// second weight is exactly `-m` (not `1 - f32(1 + m)`, which truncates `a` to `a - 1`
+/// wherever `a == b`).
+fn blend(a: u8, b: f32, m: f32) -> u8 {
+    ((1.0 + m) * f32::from(a) - m * b).clamp(0.0, 255.0) as u8
 }
 
 /// torchvision's `_get_inverse_affine_matrix` (angles in degrees, centred coordinates).
@@ -212,7 +243,7 @@ fn affine(px: &mut [u8], w: usize, h: usize, m: [f64; 6], fill: [u8; 3], tmp: &m
 
 /// torchvision's `adjust_sharpness`: blend with the image whose interior is smoothed by
 /// `[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13` (rounded), borders kept.
-fn sharpness(px: &mut [u8], w: usize, h: usize, factor: f32, tmp: &mut Vec<u8>) {
+fn sharpness(px: &mut [u8], w: usize, h: usize, m: f32, tmp: &mut Vec<u8>) {
     if w <= 2 || h <= 2 {
         return;
     }
@@ -230,7 +261,7 @@ fn sharpness(px: &mut [u8], w: usize, h: usize, factor: f32, tmp: &mut Vec<u8>) 
                 }
                 let blurred = (sum as f32 / 13.0).round_ties_even();
                 let at = (y * w + x) * 3 + ch;
-                px[at] = blend(tmp[at], blurred, factor);
+                px[at] = blend(tmp[at], blurred, m);
             }
         }
     }
