@@ -6,6 +6,10 @@ dataset for the same time through each system in turn:
 
   ladle        one ``ladle serve`` producer (decode threads = cores); each consumer is a
                ``ladle.Consumer`` and takes ``torch.from_dlpack`` of its batch (zero copy).
+  ladle-python the Python producer (``ladle.serve``) running *the user's own* torchvision
+               pipeline (the dataloader system's Dataset and transforms, below, wrapped to
+               return ``{"image": HWC tensor, "label": int}``) in worker processes (= cores)
+               that write each sample straight into the ring; the consumers are ladle's.
   dataloader   N independent ``torch.utils.data.DataLoader``s, one per consumer, over
                ``torchvision.datasets.ImageFolder`` with PIL decode and
                RandomResizedCrop(224) + RandomHorizontalFlip + PILToTensor; workers per loader =
@@ -45,6 +49,7 @@ Usage (from the repository root, after ``pip install ./consumer-sdk/python`` and
     cargo build --release -p ladle
     python benches/python/compare.py --seconds 30 --json out.json --plot out.png
     python benches/python/compare.py --recipe cifar --seconds 30 --json cifar.json
+    python benches/python/compare.py --systems ladle-python,dataloader --seconds 30 --json py.json
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SYSTEMS = ("ladle", "dataloader", "tensorsocket")
+SYSTEMS = ("ladle", "ladle-python", "dataloader", "tensorsocket")
 RECIPES = ("imagenet", "cifar")
 CIFAR_TRANSFORM = "RandomCrop(32, padding=4), RandomHorizontalFlip()"
 
@@ -101,8 +106,9 @@ class CifarBinary:
         return image, int(self.labels[index])
 
 
-def _torchvision_loader(dataset: str, batch_size: int, workers: int, recipe: str = "imagenet"):
-    import torch
+def _torchvision_dataset(dataset: str, recipe: str = "imagenet"):
+    """The user's own pipeline: torchvision's dataset with PIL decode and the recipe's
+    transforms, ending in a uint8 CHW tensor."""
     from torchvision import datasets, transforms
 
     if recipe == "cifar":
@@ -113,24 +119,51 @@ def _torchvision_loader(dataset: str, batch_size: int, workers: int, recipe: str
                 transforms.PILToTensor(),
             ]
         )
-        data = CifarBinary(dataset, transform)
-    else:
-        transform = transforms.Compose(
-            [
-                transforms.RandomResizedCrop(224),
-                transforms.RandomHorizontalFlip(),
-                transforms.PILToTensor(),
-            ]
-        )
-        data = datasets.ImageFolder(dataset, transform=transform)
+        return CifarBinary(dataset, transform)
+    transform = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(224),
+            transforms.RandomHorizontalFlip(),
+            transforms.PILToTensor(),
+        ]
+    )
+    return datasets.ImageFolder(dataset, transform=transform)
+
+
+def _torchvision_loader(dataset: str, batch_size: int, workers: int, recipe: str = "imagenet"):
+    import torch
+
     return torch.utils.data.DataLoader(
-        data,
+        _torchvision_dataset(dataset, recipe),
         batch_size=batch_size,
         shuffle=True,
         num_workers=workers,
         persistent_workers=workers > 0,
         prefetch_factor=2 if workers > 0 else None,
     )
+
+
+class UserPipeline:
+    """What a user hands ``ladle.serve``: their torchvision dataset, each sample as a dict
+    with the image HWC (the ring's layout; ``to_torch`` makes NCHW floats on the device)."""
+
+    def __init__(self, dataset: str, recipe: str) -> None:
+        self.data = _torchvision_dataset(dataset, recipe)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict:
+        image, label = self.data[index]
+        return {"image": image.permute(1, 2, 0), "label": label}
+
+
+def role_py_producer(args: argparse.Namespace) -> None:
+    """The Python producer serving the user's pipeline (``ladle.serve``)."""
+    import ladle
+
+    ladle.serve(UserPipeline(args.dataset, args.recipe), args.socket, workers=args.workers,
+                ring_mib=512)
 
 
 def _report(batches: int, samples: int, first: float | None, cpu0: float) -> None:
@@ -189,6 +222,7 @@ def role_consumer(args: argparse.Namespace) -> None:
 
     source = {
         "ladle": batches_of_ladle,
+        "ladle-python": batches_of_ladle,
         "dataloader": batches_of_dataloader,
         "tensorsocket": batches_of_tensorsocket,
     }[args.system]()
@@ -317,6 +351,21 @@ def run_system(system: str, args: argparse.Namespace, tmp: Path) -> dict:
             if time.monotonic() > deadline or producers[0].poll() is not None:
                 raise SystemExit(f"ladle serve did not start: {(tmp / 'serve.log').read_text()}")
             time.sleep(0.05)
+    elif system == "ladle-python":
+        producers.append(
+            subprocess.Popen(
+                [*me, "--role", "py-producer", "--dataset", args.dataset, "--socket", socket,
+                 "--workers", str(cores), "--recipe", args.recipe],
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp / "py-producer.log", "wb"),
+            )
+        )
+        deadline = time.monotonic() + 120
+        while not socket.exists():
+            if time.monotonic() > deadline or producers[0].poll() is not None:
+                log = (tmp / "py-producer.log").read_text()[-2000:]
+                raise SystemExit(f"the Python producer did not start: {log}")
+            time.sleep(0.05)
     elif system == "tensorsocket":
         producers.append(
             subprocess.Popen(
@@ -408,7 +457,7 @@ def plot(results: dict, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=("harness", "consumer", "ts-producer"),
+    parser.add_argument("--role", choices=("harness", "consumer", "ts-producer", "py-producer"),
                         default="harness", help=argparse.SUPPRESS)
     parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
@@ -427,7 +476,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="how long each consumer reads, from its first batch (default 30)")
     parser.add_argument("--systems", default=None,
-                        help="which systems to run, in order (default: all three; "
+                        help="which systems to run, in order (default: all four; "
                              "ladle,dataloader with --recipe cifar)")
     parser.add_argument("--json", help="write the results as JSON to this file")
     parser.add_argument("--plot", help="write a bar chart (PNG) to this file")
@@ -436,6 +485,8 @@ def main() -> None:
         return role_consumer(args)
     if args.role == "ts-producer":
         return role_ts_producer(args)
+    if args.role == "py-producer":
+        return role_py_producer(args)
 
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.systems is None:
