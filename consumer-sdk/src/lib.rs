@@ -3,10 +3,27 @@
 //! In `docs/ARCHITECTURE.md`'s picture this crate is each consumer box (A, B, C on the right): what
 //! a training process links to read the producer's sample ring. It connects to the producer's
 //! control socket (Unix, peer uid checked), says `Hello` with its own batch size, maps the ring it
-//! receives **read-only**, and yields zero-copy [`Batch`]es: a batch's images are one contiguous
-//! `[B, H, W, 3]` u8 slice of shared memory, its labels `[B]` i64, its dataset indices `[B]` u64.
-//! It depends only on [`ladle_ring`], never on the producer or the datasets crate, so that it stays
-//! small.
+//! receives **read-only**, and yields zero-copy [`Batch`]es. A sample is a record of named
+//! fields (the feed's [`Schema`], [`Consumer::schema`]); each field of a batch is one
+//! contiguous `[B, ...shape]` slice of shared memory: [`BatchOf::field`] views it typed (its
+//! dtype checked, [`FieldError`] otherwise), [`BatchOf::field_view`] untyped (f16, bf16, bool).
+//! An image feed's images ([`BatchOf::images`]) are `[B, H, W, 3]` u8, its labels `[B]` i64;
+//! the dataset indices are `[B]` u64. It depends only on [`ladle_ring`], never on the producer
+//! or the datasets crate, so that it stays small.
+//!
+//! ```no_run
+//! # use ladle_consumer::prelude::*;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A feed of `wave: f32[16000], label: i64` (served by `ladle.serve` in Python, say).
+//! let consumer = Consumer::connect("/tmp/waves.sock", ConsumerConfig::default())?;
+//! for batch in consumer.epoch() {
+//!     let batch = batch?;
+//!     let waves: &[f32] = batch.field("wave")?; // [B × 16000], zero copy
+//!     assert_eq!(waves.len(), batch.len() * 16000);
+//! }
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ```no_run
 //! use ladle_consumer::prelude::*;

@@ -24,12 +24,17 @@
 //!   each consumer's lag, the seconds it held the feed back, its rejoins) is what `ladle
 //!   top`, `--metrics` and `--record` show; a `Stats` message instead of `Hello` on the socket
 //!   gets the same answer (the list cut to fit one frame).
+//! - What it serves: a native image dataset (the pipeline decodes and transforms, the ring's
+//!   schema is `image: u8[S, S, 3], label: i64`) or any [`CustomSource`]: a schema of named
+//!   fields and one [`SampleMaker`] per pipeline thread ([`Producer::start_custom`]). The
+//!   Python producer's source ([`workers`]) hands each sample to a worker process that writes
+//!   it straight into the slot.
 //! - The control server ([`server`]) binds the socket with mode 0600, refuses peers of another
 //!   uid (`SO_PEERCRED`), and treats EOF as a leave: a consumer that exits, crashes or is
 //!   killed with `SIGKILL` is dropped at once and its hold on the ring released.
 //!
-//! A sample that cannot be read or decoded is, under the default skip policy, delivered as an
-//! all-zero image with label `-1` (so that every consumer's epoch keeps its length and its
+//! A sample that cannot be read, decoded or made is, under the default skip policy, delivered
+//! with every field zero, an `i64` label `-1` and the bad flag (so that every consumer's epoch keeps its length and its
 //! coverage; the SDKs count such samples per batch), and logged with its file name. A
 //! transient read error (no file descriptors for a moment) is retried, not counted as bad.
 //!

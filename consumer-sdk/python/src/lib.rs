@@ -1,15 +1,19 @@
 //! # ladle-python: the native module of the `ladle` Python package
 //!
-//! In `docs/ARCHITECTURE.md`'s picture this is the Python face of each consumer box: a thin PyO3
-//! shell over [`ladle_consumer`], built by maturin into `ladle._native` and re-exported by the
-//! small pure-Python package `ladle` beside it (`python/ladle/`), which adds `to_torch` and the
-//! benchmark. Nothing here decides anything: connecting, epochs, holding and releasing samples are
-//! `ladle-consumer`'s; this crate converts types and errors and releases the GIL.
+//! In `docs/ARCHITECTURE.md`'s picture this is the Python face of each consumer box, and of the
+//! producer box for datasets only Python can read: a thin PyO3 shell over [`ladle_consumer`]
+//! (and, in [`producer`], over `ladle-producer`'s worker source), built by maturin into
+//! `ladle._native` and re-exported by the small pure-Python package `ladle` beside it
+//! (`python/ladle/`), which adds `to_torch`, `ladle.serve` / `ladle.Producer` (schema inference,
+//! the worker processes) and `python -m ladle serve`. Nothing here decides anything: connecting,
+//! epochs, holding and releasing samples are `ladle-consumer`'s, the feed `ladle-producer`'s;
+//! this crate converts types and errors and releases the GIL.
 //!
 //! - `Consumer` holds an `Arc<ladle_consumer::Consumer>`; `for batch in consumer` runs one
 //!   epoch through a [`SharedEpoch`].
-//! - `Batch` holds its [`SharedBatch`] in an `Arc`. `batch.images` / `labels` / `indices`
-//!   are `ArrayView`s that keep that `Arc` too and export the ring's memory, read-only and
+//! - `Batch` holds its [`SharedBatch`] in an `Arc`. `batch["name"]` (any field of the schema,
+//!   any dtype), `batch.images` / `labels` (an image feed's fields) and `batch.indices` are
+//!   `ArrayView`s that keep that `Arc` too and export the ring's memory, read-only and
 //!   without a copy, through the buffer protocol (`numpy.asarray`) and DLPack
 //!   (`torch.from_dlpack`, `numpy.from_dlpack`). The samples are released to the producer when
 //!   the batch and every view, array and tensor made from it are gone.
