@@ -241,3 +241,51 @@ def test_python_m_ladle_serve_serves_a_factory_until_sigterm(tmp_path):
         proc.kill()
     assert proc.returncode == 0, err
     assert "served" in err and "0 bad" in err, err
+
+
+def _children(pid: int) -> set[int]:
+    """The pids of ``pid``'s children (Linux ``/proc/PID/task/*/children``)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_killed_python_producer_leaves_no_worker_behind_and_consumers_see_it_gone(tmp_path):
+    sock = tmp_path / "kill.sock"
+    env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ladle", "serve", "pydatasets:make_waves", "--socket", str(sock),
+         "--workers", "2", "--ring-mib", "64"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no socket"
+            time.sleep(0.1)
+        consumer = ladle.Consumer(sock, batch_size=10)
+        epoch = iter(consumer)
+        next(epoch)
+        workers = _children(proc.pid)
+        assert len(workers) >= 3, f"two workers and a spare expected, found {workers}"
+        proc.kill()
+        proc.wait()
+        with pytest.raises((ladle.ProducerGone, ladle.ProducerEnded)):
+            for _ in range(1000):
+                next(epoch)
+        deadline = time.monotonic() + 20
+        while not all(_gone(w) for w in workers):
+            assert time.monotonic() < deadline, f"workers left behind: {[w for w in workers if not _gone(w)]}"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
