@@ -370,18 +370,8 @@ impl Transformer {
                     width,
                     height,
                 } => {
-                    let resize_err =
-                        |e: &dyn std::fmt::Display| AugmentError::Resize(e.to_string());
-                    let s =
-                        ImageRef::new(w, h, src, PixelType::U8x3).map_err(|e| resize_err(&e))?;
-                    let mut d = Image::from_slice_u8(nw, nh, dst_px, PixelType::U8x3)
-                        .map_err(|e| resize_err(&e))?;
-                    let options = ResizeOptions::new()
-                        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-                        .crop(left, top, width, height);
-                    resizer
-                        .resize(&s, &mut d, &options)
-                        .map_err(|e| resize_err(&e))?;
+                    let crop = Some((left, top, width, height));
+                    resample(resizer, (src, w, h), (dst_px, nw, nh), crop)?;
                 }
                 Op::CropResample {
                     left,
@@ -389,8 +379,6 @@ impl Transformer {
                     width,
                     height,
                 } => {
-                    let resize_err =
-                        |e: &dyn std::fmt::Display| AugmentError::Resize(e.to_string());
                     let (l, t, cw, ch) =
                         (left as usize, top as usize, width as usize, height as usize);
                     let row = w as usize * 3;
@@ -400,15 +388,7 @@ impl Transformer {
                     for y in t..t + ch {
                         tmp.extend_from_slice(&src[y * row + l * 3..y * row + (l + cw) * 3]);
                     }
-                    let s = ImageRef::new(width, height, tmp, PixelType::U8x3)
-                        .map_err(|e| resize_err(&e))?;
-                    let mut d = Image::from_slice_u8(nw, nh, dst_px, PixelType::U8x3)
-                        .map_err(|e| resize_err(&e))?;
-                    let options = ResizeOptions::new()
-                        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-                    resizer
-                        .resize(&s, &mut d, &options)
-                        .map_err(|e| resize_err(&e))?;
+                    resample(resizer, (tmp, width, height), (dst_px, nw, nh), None)?;
                 }
                 Op::Copy { x, y, mode, fill } => {
                     copy_padded(src, (w, h), dst_px, (nw, nh), (x, y), mode, fill, cols);
@@ -584,6 +564,26 @@ fn plan(
 
 /// Copies `dst[y][x] = src[y.map(y)][x.map(x)]`, writing `fill` where the map is outside.
 #[allow(clippy::too_many_arguments)]
+/// Resizes the RGB image `src` (`w × h`), or the rectangle `crop` of it, to `dst` (`nw × nh`)
+/// with the bilinear convolution filter (antialiased, as torchvision's).
+fn resample(
+    resizer: &mut Resizer,
+    (src, w, h): (&[u8], u32, u32),
+    (dst, nw, nh): (&mut [u8], u32, u32),
+    crop: Option<(f64, f64, f64, f64)>,
+) -> Result<(), AugmentError> {
+    let resize_err = |e: &dyn std::fmt::Display| AugmentError::Resize(e.to_string());
+    let s = ImageRef::new(w, h, src, PixelType::U8x3).map_err(|e| resize_err(&e))?;
+    let mut d = Image::from_slice_u8(nw, nh, dst, PixelType::U8x3).map_err(|e| resize_err(&e))?;
+    let mut options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    if let Some((left, top, width, height)) = crop {
+        options = options.crop(left, top, width, height);
+    }
+    resizer
+        .resize(&s, &mut d, &options)
+        .map_err(|e| resize_err(&e))
+}
+
 fn copy_padded(
     src: &[u8],
     (sw, sh): (u32, u32),
