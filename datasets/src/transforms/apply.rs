@@ -562,8 +562,6 @@ fn plan(
     })
 }
 
-/// Copies `dst[y][x] = src[y.map(y)][x.map(x)]`, writing `fill` where the map is outside.
-#[allow(clippy::too_many_arguments)]
 /// Resizes the RGB image `src` (`w × h`), or the rectangle `crop` of it, to `dst` (`nw × nh`)
 /// with the bilinear convolution filter (antialiased, as torchvision's).
 fn resample(
@@ -584,6 +582,8 @@ fn resample(
         .map_err(|e| resize_err(&e))
 }
 
+/// Copies `dst[y][x] = src[y.map(y)][x.map(x)]`, writing `fill` where the map is outside.
+#[allow(clippy::too_many_arguments)]
 fn copy_padded(
     src: &[u8],
     (sw, sh): (u32, u32),
