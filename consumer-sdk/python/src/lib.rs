@@ -2,7 +2,7 @@
 //!
 //! In `docs/ARCHITECTURE.md`'s picture this is the Python face of each consumer box, and of the
 //! producer box for datasets only Python can read: a thin PyO3 shell over [`ladle_consumer`]
-//! (and, in [`producer`], over `ladle-producer`'s worker source), built by maturin into
+//! (and, in its `producer` module, over `ladle-producer`'s worker source), built by maturin into
 //! `ladle._native` and re-exported by the small pure-Python package `ladle` beside it
 //! (`python/ladle/`), which adds `to_torch`, `ladle.serve` / `ladle.Producer` (schema inference,
 //! the worker processes) and `python -m ladle serve`. Nothing here decides anything: connecting,
