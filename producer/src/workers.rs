@@ -17,8 +17,10 @@
 //! ([`ProducerRing::writer_fd`](ladle_ring::ProducerRing::writer_fd)), which consumers never
 //! get. Each pipeline thread keeps one worker; an idle one waits in the pool as a spare.
 //!
-//! A worker that dies (EOF on its socket) while making a sample is logged with its pid and
-//! the sample index and counted; the sample is made again by another worker (the process
+//! A worker that dies (EOF on its socket) while making a sample, or takes longer than the
+//! pool's sample timeout on one (it is then killed: `SIGKILL` to the pid the kernel gives
+//! for its socket, never one it claims), is logged with its pid and the sample index and
+//! counted; the sample is made again by another worker (the process
 //! that started the workers replaces the dead one). A sample that kills two workers, or that
 //! the user's code fails on (an exception, a value that does not fit the schema), is a bad
 //! sample under the producer's policy: every field zero, the bad flag, counted and logged.
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 use ladle_datasets::SampleError;
 use ladle_datasets::pipeline::{SampleMaker, WorkItem};
 use ladle_ring::protocol::{self, DatasetInfo};
+use ladle_ring::ProtocolError;
 use ladle_ring::{RingLayout, Schema, sys};
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +110,7 @@ pub struct WorkerPool {
     idle_tx: crossbeam_channel::Sender<Worker>,
     idle_rx: crossbeam_channel::Receiver<Worker>,
     stop: Arc<AtomicBool>,
+    sample_timeout: Option<Duration>,
     connected: AtomicU64,
     died: AtomicU64,
     failed: AtomicU64,
@@ -130,6 +134,7 @@ impl WorkerPool {
             idle_tx,
             idle_rx,
             stop,
+            sample_timeout,
             connected: AtomicU64::new(0),
             died: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -209,7 +214,8 @@ impl WorkerPool {
 
     fn admit(&self, conn: UnixStream) -> Result<(), String> {
         conn.set_nonblocking(false).map_err(|e| e.to_string())?;
-        let uid = sys::peer_uid(&conn).map_err(|e| e.to_string())?;
+        let cred = rustix::net::sockopt::socket_peercred(&conn).map_err(|e| e.to_string())?;
+        let uid = cred.uid.as_raw();
         if uid != sys::my_uid() {
             return Err(format!("its uid {uid} is not this process's"));
         }
@@ -223,10 +229,10 @@ impl WorkerPool {
         protocol::send(&conn, welcome, &[fd.as_fd()]).map_err(|e| e.to_string())?;
         self.connected.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(pid = hello.pid, "worker connected");
-        let worker = Worker {
-            conn,
-            pid: hello.pid,
-        };
+        // The kernel's pid for the socket, not the one the hello claims: it is what a
+        // timeout kills.
+        let pid = u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(hello.pid);
+        let worker = Worker { conn, pid };
         self.idle_tx.send(worker).map_err(|e| e.to_string())
     }
 
@@ -337,8 +343,12 @@ impl WorkerMaker<'_> {
             index: item.index,
             epoch: item.epoch,
         };
-        let answered = protocol::send(&worker.conn, &request, &[])
-            .and_then(|()| protocol::recv::<Reply>(&worker.conn));
+        let answered = protocol::send(&worker.conn, &request, &[]).and_then(|()| {
+            match self.pool.sample_timeout {
+                Some(limit) => protocol::recv_by::<Reply>(&worker.conn, Instant::now() + limit),
+                None => protocol::recv::<Reply>(&worker.conn),
+            }
+        });
         match answered {
             Ok((reply, _)) => {
                 self.worker = Some(worker);
@@ -347,6 +357,24 @@ impl WorkerMaker<'_> {
                     (false, Some(error)) => Err(error),
                     (false, None) => Err("the worker answered neither ok nor an error".into()),
                 })
+            }
+            Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                self.pool.died.fetch_add(1, Ordering::Relaxed);
+                let limit = self.pool.sample_timeout.unwrap_or_default().as_secs_f64();
+                tracing::warn!(
+                    pid = worker.pid,
+                    index = item.index,
+                    "worker process {} took over {limit} s on sample {}: killing it",
+                    worker.pid,
+                    item.index
+                );
+                if let Some(pid) = rustix::process::Pid::from_raw(worker.pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+                Err(format!(
+                    "worker process {} took over {limit} s on it and was killed",
+                    worker.pid
+                ))
             }
             Err(e) => {
                 self.pool.died.fetch_add(1, Ordering::Relaxed);
@@ -426,7 +454,7 @@ mod tests {
     fn pool() -> (tempfile::TempDir, Arc<WorkerPool>, ladle_ring::ProducerRing) {
         let dir = tempfile::tempdir().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let pool = WorkerPool::bind(&dir.path().join("w.sock"), "t0k".into(), stop).unwrap();
+        let pool = WorkerPool::bind(&dir.path().join("w.sock"), "t0k".into(), stop, None).unwrap();
         let layout =
             RingLayout::for_budget(1 << 20, "x: f32[4], label: i64".parse().unwrap()).unwrap();
         let ring = ladle_ring::ProducerRing::create_with_writers(layout.clone()).unwrap();

@@ -49,7 +49,7 @@ pub(crate) struct PyProducer {
 #[pymethods]
 impl PyProducer {
     #[new]
-    #[pyo3(signature = (schema, len, socket, *, class_names, source, workers, ring_bytes, seed, stall_timeout, skip_bad, keep_alive, token))]
+    #[pyo3(signature = (schema, len, socket, *, class_names, source, workers, ring_bytes, seed, stall_timeout, skip_bad, keep_alive, token, sample_timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -65,6 +65,7 @@ impl PyProducer {
         skip_bad: bool,
         keep_alive: Option<f64>,
         token: String,
+        sample_timeout: Option<f64>,
     ) -> PyResult<Self> {
         init_logging();
         let schema: Schema = schema
@@ -77,13 +78,19 @@ impl PyProducer {
         };
         let stall_timeout = seconds(stall_timeout, "stall_timeout")?;
         let keep_alive = keep_alive.map(|s| seconds(s, "keep_alive")).transpose()?;
+        let sample_timeout = sample_timeout.map(|s| seconds(s, "timeout")).transpose()?;
         if len == 0 {
             return Err(PyValueError::new_err("the dataset is empty (len() is 0)"));
         }
         let stop = Arc::new(AtomicBool::new(false));
         let mut worker_socket = socket.clone().into_os_string();
         worker_socket.push(".workers");
-        let pool = WorkerPool::bind(&PathBuf::from(worker_socket), token.clone(), stop.clone())
+        let pool = WorkerPool::bind(
+            &PathBuf::from(worker_socket),
+            token.clone(),
+            stop.clone(),
+            sample_timeout,
+        )
             .map_err(|e| LadleError::new_err(e.to_string()))?;
         let info = DatasetInfo {
             len,

@@ -70,6 +70,23 @@ class KillsOnce(Waves):
         return super().__getitem__(i)
 
 
+class HangsOnce(Waves):
+    """The first worker to make index 11 hangs (a stuck read); the marker file makes the next
+    one succeed."""
+
+    def __init__(self, marker: str, n: int = 120) -> None:
+        super().__init__(n)
+        self.marker = marker
+
+    def __getitem__(self, i: int) -> dict:
+        if i == 11 and not Path(self.marker).exists():
+            Path(self.marker).touch()
+            import time
+
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
 def make_waves() -> Waves:
     """The factory ``python -m ladle serve pydatasets:make_waves`` calls."""
     return Waves(200)

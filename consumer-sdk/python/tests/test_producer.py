@@ -179,6 +179,24 @@ def test_a_worker_killed_mid_sample_is_replaced_and_its_sample_made_again(tmp_pa
     assert stats["worker_restarts"] >= 1, "the dead worker was not replaced"
 
 
+def test_a_worker_stuck_past_the_timeout_is_killed_and_its_sample_made_again(tmp_path):
+    from pydatasets import HangsOnce
+
+    sock = tmp_path / "h.sock"
+    dataset = HangsOnce(str(tmp_path / "marker"))
+
+    def check(batch):
+        assert batch.bad_count == 0
+
+    with ladle.Producer(dataset, sock, workers=2, ring_mib=64, timeout=2.0) as producer:
+        [epoch] = read_epochs(sock, 20, 1, check)
+        stats = producer.stats()
+    assert sorted(epoch) == list(range(len(dataset)))
+    assert stats["workers_died"] == 1 and stats["bad_samples"] == 0
+    with pytest.raises(ValueError, match="timeout"):
+        ladle.Producer(dataset, sock, timeout=0)
+
+
 def test_a_late_joiner_sees_every_sample_once_per_epoch(tmp_path):
     sock = tmp_path / "late.sock"
     with ladle.Producer(Waves(300), sock, workers=2, ring_mib=64):

@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="a sample that raises: deliver it as bad and count it (skip), or stop (raise)")
     serve.add_argument("--keep-alive", type=float, default=None, metavar="S",
                        help="stop once the last consumer has been gone S seconds")
+    serve.add_argument("--timeout", type=float, default=None, metavar="S",
+                       help="a worker taking over S seconds on one sample is killed and replaced, "
+                            "the sample made again by another (default: no limit)")
     args = parser.parse_args(argv)
     from ._producer import serve as serve_feed
 
@@ -56,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         on_error=args.on_error,
         keep_alive=args.keep_alive,
+        timeout=args.timeout,
         name=args.dataset,
     )
     return 0

@@ -182,6 +182,7 @@ class _Producer:
         skip_bad: bool,
         keep_alive: float | None,
         token: str,
+        sample_timeout: float | None = None,
     ) -> None: ...
     @property
     def worker_socket(self) -> str: ...

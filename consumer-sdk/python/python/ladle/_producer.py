@@ -21,7 +21,8 @@ returned array into shared memory). The schema comes from ``dataset[0]`` unless 
 A sample whose ``__getitem__`` raises, or whose fields do not fit the schema, is logged and
 delivered as a bad sample (every field zero, counted in ``batch.bad_count``) with
 ``on_error="skip"`` (the default), or stops the feed with ``on_error="raise"``. A worker that
-dies is logged and replaced; the sample it was making is made again by another worker.
+dies, or takes longer than ``timeout`` seconds on one sample (it is then killed), is logged
+and replaced; the sample it was making is made again by another worker.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class Producer:
     random seed), ``schema`` (``[(name, dtype, shape), ...]`` or ``{name: (dtype, shape)}``;
     default: inferred from ``dataset[0]``), ``on_error`` (``"skip"`` or ``"raise"``),
     ``stall_timeout`` (seconds a consumer may hold the feed back without taking a batch),
-    ``keep_alive`` (stop once the last consumer has been gone this long), ``name`` (the
+    ``keep_alive`` (stop once the last consumer has been gone this long), ``timeout``
+    (seconds one ``dataset[i]`` may take: a worker that takes longer is killed and replaced,
+    and the sample made again by another worker; default: no limit), ``name`` (the
     dataset's name in logs).
     """
 
@@ -69,6 +72,7 @@ class Producer:
         on_error: str = "skip",
         stall_timeout: float = 10.0,
         keep_alive: float | None = None,
+        timeout: float | None = None,
         name: str | None = None,
     ) -> None:
         if on_error not in ("skip", "raise"):
@@ -87,6 +91,9 @@ class Producer:
         self.on_error = on_error
         self.stall_timeout = float(stall_timeout)
         self.keep_alive = keep_alive
+        if timeout is not None and not float(timeout) > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout}")
+        self.timeout = timeout
         self.name = name or type(dataset).__name__
         self._given_schema = schema
         self.fields: list[_schema.Field] = []
@@ -123,6 +130,7 @@ class Producer:
             skip_bad=self.on_error == "skip",
             keep_alive=self.keep_alive,
             token=secrets.token_hex(16),
+            sample_timeout=None if self.timeout is None else float(self.timeout),
         )
         self._context = multiprocessing.get_context("spawn")
         # One spare, so that a dead worker's sample is made again at once.
