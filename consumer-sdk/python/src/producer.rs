@@ -91,7 +91,7 @@ impl PyProducer {
             stop.clone(),
             sample_timeout,
         )
-            .map_err(|e| LadleError::new_err(e.to_string()))?;
+        .map_err(|e| LadleError::new_err(e.to_string()))?;
         let info = DatasetInfo {
             len,
             class_names,
