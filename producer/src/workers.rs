@@ -366,9 +366,11 @@ impl WorkerMaker<'_> {
                 tracing::warn!(
                     pid = worker.pid,
                     index = item.index,
-                    "worker process {} took over {limit} s on sample {}: killing it",
+                    "worker process {} took over {limit} s on sample {} (seq {}, epoch {}): killing it",
                     worker.pid,
-                    item.index
+                    item.index,
+                    item.seq,
+                    item.epoch
                 );
                 if let Some(pid) = rustix::process::Pid::from_raw(worker.pid as i32) {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);

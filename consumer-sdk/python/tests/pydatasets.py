@@ -56,8 +56,8 @@ class Raises(Waves):
 
 
 class KillsOnce(Waves):
-    """The first worker to make index 13 dies (``os._exit``); the marker file makes the next
-    one succeed."""
+    """The first worker to make index 13 (of whichever epoch comes first) dies
+    (``os._exit``); the marker file makes the next one succeed."""
 
     def __init__(self, marker: str, n: int = 200) -> None:
         super().__init__(n)
@@ -71,8 +71,8 @@ class KillsOnce(Waves):
 
 
 class HangsOnce(Waves):
-    """The first worker to make index 11 hangs (a stuck read); the marker file makes the next
-    one succeed."""
+    """The first worker to make index 11 (of whichever epoch comes first) hangs, a stuck
+    read; the marker file makes the next one succeed."""
 
     def __init__(self, marker: str, n: int = 120) -> None:
         super().__init__(n)
