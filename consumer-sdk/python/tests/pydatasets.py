@@ -55,32 +55,20 @@ class Raises(Waves):
         return sample
 
 
-class KillsOnce(Waves):
-    """The first worker to make index 13 (of whichever epoch comes first) dies
-    (``os._exit``); the marker file makes the next one succeed."""
+class FailsOnce(Waves):
+    """The first worker to make ``index`` (of whichever epoch comes first) dies
+    (``how="die"``: ``os._exit``) or hangs (``how="hang"``: a stuck read); the marker file
+    makes the next one succeed."""
 
-    def __init__(self, marker: str, n: int = 200) -> None:
+    def __init__(self, marker: str, index: int, how: str, n: int) -> None:
         super().__init__(n)
-        self.marker = marker
+        self.marker, self.index, self.how = marker, index, how
 
     def __getitem__(self, i: int) -> dict:
-        if i == 13 and not Path(self.marker).exists():
+        if i == self.index and not Path(self.marker).exists():
             Path(self.marker).touch()
-            os._exit(3)
-        return super().__getitem__(i)
-
-
-class HangsOnce(Waves):
-    """The first worker to make index 11 (of whichever epoch comes first) hangs, a stuck
-    read; the marker file makes the next one succeed."""
-
-    def __init__(self, marker: str, n: int = 120) -> None:
-        super().__init__(n)
-        self.marker = marker
-
-    def __getitem__(self, i: int) -> dict:
-        if i == 11 and not Path(self.marker).exists():
-            Path(self.marker).touch()
+            if self.how == "die":
+                os._exit(3)
             import time
 
             time.sleep(3600)

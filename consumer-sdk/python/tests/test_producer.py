@@ -19,7 +19,7 @@ import pytest
 import ladle
 
 import pydatasets
-from pydatasets import WAVE, KillsOnce, Mixed, Raises, Waves
+from pydatasets import WAVE, FailsOnce, Mixed, Raises, Waves
 
 HERE = Path(__file__).resolve().parent
 
@@ -160,7 +160,7 @@ def test_on_error_raise_stops_the_feed_with_the_samples_error(tmp_path):
 
 def test_a_worker_killed_mid_sample_is_replaced_and_its_sample_made_again(tmp_path):
     sock = tmp_path / "k.sock"
-    dataset = KillsOnce(str(tmp_path / "marker"))
+    dataset = FailsOnce(str(tmp_path / "marker"), 13, "die", 200)
 
     def check(batch):
         waves = np.asarray(batch["wave"])
@@ -183,10 +183,8 @@ def test_a_worker_killed_mid_sample_is_replaced_and_its_sample_made_again(tmp_pa
 
 
 def test_a_worker_stuck_past_the_timeout_is_killed_and_its_sample_made_again(tmp_path):
-    from pydatasets import HangsOnce
-
     sock = tmp_path / "h.sock"
-    dataset = HangsOnce(str(tmp_path / "marker"))
+    dataset = FailsOnce(str(tmp_path / "marker"), 11, "hang", 120)
 
     def check(batch):
         assert batch.bad_count == 0
