@@ -527,12 +527,9 @@ impl<'a> SampleSink for RingSink<'a> {
         fill(loan.slot().fields())
     }
 
-    fn complete(&self, mut loan: WriteLoan<'a>, item: WorkItem, outcome: Result<(), &SampleError>) {
+    fn complete(&self, loan: WriteLoan<'a>, item: WorkItem, outcome: Result<(), &SampleError>) {
         let head = match outcome {
-            Ok(()) => {
-                *loan.slot().index = item.index;
-                loan.commit()
-            }
+            Ok(()) => loan.commit(item.index),
             Err(_) => {
                 self.shared.bad.fetch_add(1, Ordering::Relaxed);
                 loan.commit_bad(item.index)

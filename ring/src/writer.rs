@@ -277,8 +277,9 @@ impl ProducerRing {
 }
 
 /// The right to write one sequence's slot, from [`ProducerRing::try_loan`]. Commit it with
-/// [`WriteLoan::commit`]; dropping it uncommitted publishes the slot as a bad sample (zero
-/// image, label −1), so that the head never stalls and nothing garbage is delivered silently.
+/// [`WriteLoan::commit`]; dropping it uncommitted publishes the slot as a bad sample (every
+/// field zero, an `i64` label −1, the bad flag), so that the head never stalls and nothing
+/// garbage is delivered silently.
 #[derive(Debug)]
 pub struct WriteLoan<'r> {
     ring: &'r ProducerRing,
@@ -301,35 +302,37 @@ impl WriteLoan<'_> {
         unsafe { self.ring.slot_mut(self.seq) }
     }
 
-    /// Publishes the slot (with every earlier one that is done) as a good sample; returns
-    /// the new head when it moved, for waking consumers.
-    pub fn commit(mut self) -> Option<u64> {
-        *self.slot().flags = 0;
-        self.committed = true;
-        self.ring.complete(self.seq)
+    /// Publishes the slot (with every earlier one that is done) as a good sample of dataset
+    /// index `index`; returns the new head when it moved, for waking consumers.
+    pub fn commit(mut self, index: u64) -> Option<u64> {
+        let slot = self.slot();
+        *slot.index = index;
+        *slot.flags = 0;
+        self.publish()
     }
 
     /// Publishes the slot as a bad sample, with the given dataset index: every field zero,
     /// an `i64` `label` −1, the flags [`FLAG_BAD`](crate::layout::FLAG_BAD).
     pub fn commit_bad(mut self, index: u64) -> Option<u64> {
-        self.clear_bad();
-        *self.slot().index = index;
-        self.committed = true;
-        self.ring.complete(self.seq)
+        let label = self.ring.layout().schema.label_field();
+        let mut slot = self.slot();
+        slot.clear_bad(label);
+        *slot.index = index;
+        self.publish()
     }
 
-    fn clear_bad(&mut self) {
-        let label = self.ring.layout().schema.label_field();
-        self.slot().clear_bad(label);
+    fn publish(&mut self) -> Option<u64> {
+        self.committed = true;
+        self.ring.complete(self.seq)
     }
 }
 
 impl Drop for WriteLoan<'_> {
     fn drop(&mut self) {
         if !self.committed {
-            self.clear_bad();
-            self.committed = true;
-            self.ring.complete(self.seq);
+            let label = self.ring.layout().schema.label_field();
+            self.slot().clear_bad(label);
+            self.publish();
         }
     }
 }
@@ -379,8 +382,8 @@ mod tests {
         }
         // Committed out of order: the head moves only over a run of done slots.
         let second = loans.remove(1);
-        assert_eq!(second.commit(), None);
-        assert_eq!(loans.remove(0).commit(), Some(2));
+        assert_eq!(second.commit(1), None);
+        assert_eq!(loans.remove(0).commit(0), Some(2));
         drop(loans); // dropped uncommitted: published as bad samples
         assert_eq!(ring.head(), 512);
         let view = ConsumerRing::map(ring.fd(), ring.layout().clone()).unwrap();
@@ -429,7 +432,7 @@ mod tests {
             let Gate::Loan(loan) = ring.try_loan(&readers) else {
                 panic!("no loan")
             };
-            loan.commit();
+            loan.commit(0);
         }
         let other = Arc::new(CursorPage::create(0).unwrap());
         let err = readers
@@ -470,7 +473,7 @@ mod tests {
             let Gate::Loan(loan) = ring.try_loan(&readers) else {
                 panic!("no loan")
             };
-            loan.commit();
+            loan.commit(0);
         }
         // The only reader leaves; a new one attaches at 10 while loan 0 is still out.
         readers.detach(1);

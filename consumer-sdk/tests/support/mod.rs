@@ -245,7 +245,7 @@ fn serve_letting_go(sock: &UnixStream, len: u64, shared: &Shared) {
             Gate::Loan(mut loan) => {
                 let seq = loan.seq();
                 write_image(&mut loan.slot(), seq % len);
-                if let Some(head) = loan.commit() {
+                if let Some(head) = loan.commit(seq % len) {
                     page.wake_if_due(head);
                 }
                 full_since = None;
@@ -347,7 +347,7 @@ fn serve(
                 break;
             };
             write_image(&mut loan.slot(), seq % len);
-            head = loan.commit().or(head);
+            head = loan.commit(seq % len).or(head);
             seq += 1;
             wrote += 1;
         }
@@ -372,9 +372,8 @@ fn serve(
 }
 
 /// Writes dataset sample `index` into an image slot: every pixel `pixel(index)`, label
-/// `index`.
+/// `index` (its commit sets the index).
 fn write_image(slot: &mut ladle_ring::SlotMut<'_>, index: u64) {
-    *slot.index = index;
     slot.field(0).fill(pixel(index));
     slot.field(1).copy_from_slice(&(index as i64).to_ne_bytes());
 }
