@@ -75,6 +75,25 @@ class FailsOnce(Waves):
         return super().__getitem__(i)
 
 
+class Unloadable(Waves):
+    """Pickles in the parent, cannot be loaded in a worker (as a class defined in an
+    interactive session's ``__main__`` cannot)."""
+
+    def __setstate__(self, state: dict) -> None:
+        raise RuntimeError("this dataset cannot be loaded in another process")
+
+
+class Unpicklable(Waves):
+    """Cannot be pickled at all: it holds a lambda."""
+
+    def __init__(self) -> None:
+        super().__init__(50)
+        self.transform = lambda x: x
+
+
+WAVES_OBJECT = Waves(30)
+
+
 def make_waves() -> Waves:
     """The factory ``python -m ladle serve pydatasets:make_waves`` calls."""
     return Waves(200)

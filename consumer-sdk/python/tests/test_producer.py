@@ -258,6 +258,40 @@ def serve_from_the_shell(sock: Path, workers: int, stderr) -> subprocess.Popen:
     return proc
 
 
+def test_a_dataset_workers_cannot_load_stops_the_feed_with_a_clear_error(tmp_path):
+    from pydatasets import Unloadable
+
+    sock = tmp_path / "u.sock"
+    producer = ladle.Producer(Unloadable(50), sock, workers=1, ring_mib=64).start()
+    assert producer.wait(timeout=120), "workers that cannot start should stop the feed"
+    with pytest.raises(ladle.LadleError, match="exited before any could serve Unloadable"):
+        producer.stop()
+    assert not sock.exists()
+
+
+def test_a_dataset_that_cannot_be_pickled_is_a_clear_error_and_leaves_nothing_behind(tmp_path):
+    from pydatasets import Unpicklable
+
+    sock = tmp_path / "p.sock"
+    with pytest.raises(ladle.LadleError, match="cannot start worker processes for Unpicklable"):
+        ladle.Producer(Unpicklable(), sock, workers=1, ring_mib=64).start()
+    assert not sock.exists(), "the feed's socket outlived a failed start"
+    # The socket path is free again.
+    with ladle.Producer(Waves(20), sock, workers=1, ring_mib=64):
+        assert sum(len(b) for b in ladle.Consumer(sock, batch_size=10)) == 20
+
+
+def test_module_colon_name_may_be_a_factory_a_class_or_a_dataset_object():
+    from ladle.__main__ import _load
+
+    sys.path.insert(0, str(HERE))
+    assert len(_load("pydatasets:make_waves")) == 200
+    assert len(_load("pydatasets:Waves")) == 400
+    assert len(_load("pydatasets:WAVES_OBJECT")) == 30
+    with pytest.raises(SystemExit, match="has no nope"):
+        _load("pydatasets:nope")
+
+
 def test_python_m_ladle_serve_serves_a_factory_until_sigterm(tmp_path):
     sock = tmp_path / "cli.sock"
     proc = serve_from_the_shell(sock, workers=1, stderr=subprocess.PIPE)

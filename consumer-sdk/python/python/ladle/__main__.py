@@ -24,7 +24,11 @@ def _load(spec: str):
         target = getattr(module, attr)
     except AttributeError:
         raise SystemExit(f"ladle: {module_name} has no {attr}") from None
-    return target() if callable(target) and not hasattr(target, "__getitem__") else target
+    # A class or a factory function is called; a dataset object (which has __getitem__) is
+    # used as it is.
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "__getitem__")):
+        return target()
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,8 +133,15 @@ class Producer:
             sample_timeout=None if self.timeout is None else float(self.timeout),
         )
         self._context = multiprocessing.get_context("spawn")
-        # One spare, so that a dead worker's sample is made again at once.
-        self._procs = [self._spawn() for _ in range(self.workers + 1)]
+        try:
+            # One spare, so that a dead worker's sample is made again at once.
+            self._procs = [self._spawn() for _ in range(self.workers + 1)]
+        except Exception as error:  # the dataset cannot be pickled for a worker, say
+            self._abort()
+            raise LadleError(
+                f"cannot start worker processes for {self.name}: {type(error).__name__}: "
+                f"{error} (the dataset is pickled once for each worker)"
+            ) from error
         self._monitor = threading.Thread(target=self._watch, name="ladle-workers", daemon=True)
         self._monitor.start()
         print(
@@ -186,6 +193,20 @@ class Producer:
                 self.worker_restarts += 1
                 self._procs[k] = self._spawn()
         self._done.set()
+
+    def _abort(self) -> None:
+        """Stops the feed and the workers started so far, without raising."""
+        native, self._native = self._native, None
+        if native is not None:
+            native.stop()
+            try:
+                native.join()
+            except LadleError:
+                pass
+        for proc in self._procs:
+            proc.kill()
+            proc.join()
+        self._procs = []
 
     def stop(self) -> None:
         """Stops the feed (consumers get ``End``) and the workers; raises what ended it badly."""
