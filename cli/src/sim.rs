@@ -97,6 +97,13 @@ struct ReplayArgs {
     /// finish_s, gpus, oom_crashes; start and finish of the last attempt, empty if it failed).
     #[arg(long)]
     per_job: Option<PathBuf>,
+    /// Replay with the queue in this fixed order instead of arrival order (with --trace):
+    /// a file of job ids, earliest first, separated by spaces, commas or newlines; jobs it
+    /// does not list follow in arrival order. Every policy of the run gets it. An
+    /// instrument, not a policy: it asks what a better order could gain, with hindsight no
+    /// online scheduler has (benches/sim/hindsight.py searches for one).
+    #[arg(long, conflicts_with = "generate_seeds")]
+    order: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
@@ -154,6 +161,32 @@ fn policies(args: &ReplayArgs) -> anyhow::Result<Vec<Policy>> {
             Ok(policy)
         })
         .collect()
+}
+
+/// Each job's rank in the queue order `text` (job ids, earliest first, separated by
+/// whitespace or commas); jobs it does not list rank after those it does.
+fn queue_ranks(jobs: &[trace::TraceJob], text: &str) -> anyhow::Result<Vec<u32>> {
+    let index: BTreeMap<&str, usize> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (j.id.as_str(), i))
+        .collect();
+    let listed: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let unlisted = u32::try_from(listed.len()).context("too many jobs listed")?;
+    let mut ranks = vec![unlisted; jobs.len()];
+    for (rank, id) in (0..unlisted).zip(listed) {
+        let Some(&i) = index.get(id) else {
+            bail!("job {id:?} is not in the trace");
+        };
+        if ranks[i] != unlisted {
+            bail!("job {id:?} is listed twice");
+        }
+        ranks[i] = rank;
+    }
+    Ok(ranks)
 }
 
 /// Parses `1-10`, `3` or `1,4,7`.
@@ -381,7 +414,14 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         );
     };
     let jobs = trace::read(&path)?;
-    let config = machine(&args)?;
+    let mut config = machine(&args)?;
+    if let Some(order) = &args.order {
+        let text = std::fs::read_to_string(order)
+            .with_context(|| format!("reading {}", order.display()))?;
+        config.queue_order = Some(
+            queue_ranks(&jobs, &text).with_context(|| format!("--order {}", order.display()))?,
+        );
+    }
     let mut reports: BTreeMap<String, SimReport> = BTreeMap::new();
     let mut order = Vec::new();
     let mut per_job = String::from("policy,job_id,submit_s,start_s,finish_s,gpus,oom_crashes\n");
@@ -472,6 +512,23 @@ fn print_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_order_ranks_listed_jobs_first_and_refuses_unknown_or_repeated_ids() {
+        let jobs: Vec<trace::TraceJob> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| trace::TraceJob {
+                id: (*id).to_owned(),
+                ..trace::TraceJob::default()
+            })
+            .collect();
+        assert_eq!(queue_ranks(&jobs, "c, a\n").unwrap(), vec![1, 2, 0, 2]);
+        assert_eq!(queue_ranks(&jobs, "").unwrap(), vec![0; 4]);
+        let unknown = queue_ranks(&jobs, "a x").unwrap_err().to_string();
+        assert!(unknown.contains("\"x\" is not in the trace"), "{unknown}");
+        let twice = queue_ranks(&jobs, "b a b").unwrap_err().to_string();
+        assert!(twice.contains("\"b\" is listed twice"), "{twice}");
+    }
 
     /// A pipe whose reader is gone.
     struct ClosedPipe;

@@ -202,6 +202,15 @@ pub struct Policy {
     /// docs).
     #[serde(default = "yes")]
     pub backfill_idle_held: bool,
+    /// A job that needs two or more GPUs starts as soon as GPUs that pass the screens can
+    /// take it, ahead of the queue order (`ladle`; see the module docs, "Wide jobs now").
+    #[serde(default = "yes")]
+    pub wide_first: bool,
+    /// Jobs whose estimate is at most this many MiB are offered before the others, in
+    /// queue order (`ladle`: 1024; see the module docs, "Light jobs first"). `None`: queue
+    /// order only.
+    #[serde(default = "light_mib")]
+    pub light_first_mib: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -214,6 +223,10 @@ fn measure_s() -> f64 {
 
 fn infinity() -> f64 {
     f64::INFINITY
+}
+
+fn light_mib() -> Option<u64> {
+    Some(Policy::LIGHT_MIB)
 }
 
 /// The `ladle` policy.
@@ -251,6 +264,9 @@ impl Policy {
 
     /// Default time to measure a job, seconds: one 30-sample telemetry window at 1 Hz.
     pub const MEASURE_S: f64 = 30.0;
+
+    /// `ladle`'s bound for a light job ([`Policy::light_first_mib`]), MiB.
+    pub const LIGHT_MIB: u64 = 1024;
 
     /// The policy called `name` (one of [`Policy::NAMES`]).
     ///
@@ -301,6 +317,8 @@ impl Policy {
             max_bypass_s: f64::INFINITY,
             sticky_hold: false,
             backfill_idle_held: false,
+            wide_first: false,
+            light_first_mib: None,
         }
     }
 
@@ -331,6 +349,8 @@ impl Policy {
             measure_then_pack: true,
             sticky_hold: true,
             backfill_idle_held: true,
+            wide_first: true,
+            light_first_mib: Some(Self::LIGHT_MIB),
             margin_mib: 1024,
             ..Self::carma(GpuOrdering::LeastUtilized)
         }
@@ -526,14 +546,47 @@ impl Admission {
     /// had started (jobs, reservations, settle locks, feeds, exclusivity).
     pub fn admit(&mut self, now: f64, queue: &[Pending], gpus: &mut [GpuState]) -> Vec<Placement> {
         let mut placed = Vec::new();
+        // Wide jobs now: each starts where the screens let it, before anyone else.
+        // A wide job that jumps a blocked head counts as backfill past it, so the head's
+        // bounds (`max_bypass`, `max_bypass_s`) hold against wide jobs too.
+        if self.policy.wide_first {
+            for job in queue.iter().filter(|job| job.gpus >= 2) {
+                let jumps = self
+                    .head
+                    .as_ref()
+                    .filter(|h| h.id != job.id && queue.iter().any(|q| q.id == h.id));
+                if jumps.is_some_and(|h| !self.may_pass(now, h)) {
+                    continue;
+                }
+                if let Some(placement) = self.place(now, job, gpus, None) {
+                    self.apply(now, job, &placement, gpus);
+                    placed.push(placement);
+                    if let Some(head) = self.head.as_mut().filter(|h| h.id != job.id) {
+                        head.passed += 1;
+                    }
+                }
+            }
+        }
+        let mut offered: Vec<&Pending> = queue
+            .iter()
+            .filter(|job| placed.iter().all(|p: &Placement| p.job != job.id))
+            .collect();
+        if let Some(light) = self.policy.light_first_mib {
+            // Stable: a head blocked in an earlier round keeps its place (light jobs pass
+            // it as backfill, within its bounds), then light jobs, then the rest, each
+            // group in queue order.
+            let head = self
+                .head
+                .as_ref()
+                .filter(|h| !self.may_pass(now, h))
+                .map(|h| h.id);
+            offered.sort_by_key(|job| (Some(job.id) != head, job.estimate_mib > light));
+        }
         let mut blocked: Option<Hold> = None;
-        for job in queue {
+        for job in offered {
             if blocked.is_some() {
                 let Some(head) = &self.head else { break };
-                if !self.policy.backfill
-                    || head.passed >= self.policy.max_bypass
-                    || now - head.since >= self.policy.max_bypass_s
-                {
+                if !self.may_pass(now, head) {
                     break;
                 }
             }
@@ -541,9 +594,18 @@ impl Admission {
             match self.place(now, job, gpus, avoid) {
                 Some(placement) => {
                     self.apply(now, job, &placement, gpus);
-                    if blocked.is_some()
-                        && let Some(head) = &mut self.head
-                    {
+                    // Past the head: as backfill, or a light job ahead of an earlier
+                    // round's head that is still queued.
+                    let jumped = |h: &Head| {
+                        blocked.is_some()
+                            || (h.id != job.id
+                                && self
+                                    .policy
+                                    .light_first_mib
+                                    .is_some_and(|l| job.estimate_mib <= l)
+                                && queue.iter().any(|q| q.id == h.id))
+                    };
+                    if let Some(head) = self.head.as_mut().filter(|h| jumped(h)) {
                         head.passed += 1;
                     }
                     placed.push(placement);
@@ -551,7 +613,7 @@ impl Admission {
                 None if blocked.is_none() => {
                     let held = match &self.head {
                         Some(h) if h.id == job.id && self.policy.sticky_hold => h.held.clone(),
-                        _ => self.held_for(job, gpus),
+                        _ => self.held_for(now, job, gpus),
                     };
                     if self.head.as_ref().is_none_or(|h| h.id != job.id) {
                         self.head = Some(Head {
@@ -574,6 +636,14 @@ impl Admission {
             self.head = None;
         }
         placed
+    }
+
+    /// Whether a job may still start past the blocked `head`: backfill is on and the
+    /// head's bounds are not used up.
+    fn may_pass(&self, now: f64, head: &Head) -> bool {
+        self.policy.backfill
+            && head.passed < self.policy.max_bypass
+            && now - head.since < self.policy.max_bypass_s
     }
 
     /// Free memory admission believes GPU `g` has, MiB: what telemetry shows free, and with
@@ -605,7 +675,7 @@ impl Admission {
     }
 
     /// The GPUs a blocked head is waiting for, which backfill must leave alone.
-    fn held_for(&self, job: &Pending, gpus: &[GpuState]) -> BTreeSet<usize> {
+    fn held_for(&self, now: f64, job: &Pending, gpus: &[GpuState]) -> BTreeSet<usize> {
         let mut order: Vec<usize> = (0..gpus.len()).filter(|&i| !gpus[i].unusable).collect();
         if self.runs_alone(job) {
             order.sort_by_key(|&i| {
@@ -613,7 +683,16 @@ impl Admission {
                 (!Self::idle(g), g.jobs, std::cmp::Reverse(self.free_mib(g)))
             });
         } else {
-            order.sort_by_key(|&i| std::cmp::Reverse(self.free_mib(&gpus[i])));
+            // The GPUs it is closest to getting: those whose screens it passes now (it
+            // waits for its other GPUs, or for a settle lock), then the least utilised
+            // (compute frees up as jobs end), then the most free memory.
+            order.sort_by(|&a, &b| {
+                let (ga, gb) = (&gpus[a], &gpus[b]);
+                self.screens_pass(now, job, gb)
+                    .cmp(&self.screens_pass(now, job, ga))
+                    .then(ga.risk.sm_activity.total_cmp(&gb.risk.sm_activity))
+                    .then(self.free_mib(gb).cmp(&self.free_mib(ga)))
+            });
         }
         order.into_iter().take(job.gpus as usize).collect()
     }
@@ -1195,10 +1274,6 @@ mod tests {
         let mut g = gpus(3);
         busy(&mut g[0], 17, 0.6);
         busy(&mut g[2], 17, 0.6);
-        let wide = |id, gib| Pending {
-            gpus: 2,
-            ..job(id, gib)
-        };
         // 10 GiB + 1 + 26 GiB + 1 ≤ 40 GiB − 0.5: the idle held GPU takes it.
         let queue = [wide(1, 26), job(2, 10), job(3, 10)];
         let mut engine = Admission::new(Policy::named("ladle").unwrap());
@@ -1220,7 +1295,7 @@ mod tests {
             exclusive: true,
             ..wide(1, 4)
         };
-        let placed = admit("ladle", &[retry, job(2, 1)], &mut g);
+        let placed = admit("ladle", &[retry, job(2, 2)], &mut g);
         assert_eq!(placed[0].gpus, vec![2]);
         // Without the rule (or under CARMA's rules, which do not backfill) it stays empty.
         let mut policy = Policy::named("ladle").unwrap();
@@ -1230,6 +1305,92 @@ mod tests {
         busy(&mut g[2], 17, 0.6);
         let placed = Admission::new(policy).admit(100.0, &[wide(1, 26), job(2, 10)], &mut g);
         assert_eq!(placed[0].gpus, vec![2]);
+    }
+
+    fn wide(id: u64, gib: u64) -> Pending {
+        Pending {
+            gpus: 2,
+            ..job(id, gib)
+        }
+    }
+
+    #[test]
+    fn a_two_gpu_job_starts_ahead_of_the_queue_when_its_gpus_can_take_it() {
+        // Two idle GPUs; a one-GPU job came first. In queue order it takes an idle GPU
+        // (which then settles) and the two-GPU job waits; ladle starts the two-GPU job.
+        let queue = [job(1, 8), wide(2, 8)];
+        let placed = admit("ladle", &queue, &mut gpus(2));
+        assert_eq!(placed.len(), 1);
+        assert_eq!((placed[0].job, &placed[0].gpus), (2, &vec![0, 1]));
+        let placed = admit("carma-least-util", &queue, &mut gpus(2));
+        assert_eq!(placed.len(), 1);
+        assert_eq!((placed[0].job, &placed[0].gpus), (1, &vec![0]));
+    }
+
+    #[test]
+    fn two_gpu_jobs_jump_a_blocked_head_only_within_its_bounds() {
+        let mut policy = Policy::named("ladle").unwrap();
+        policy.max_bypass = 1;
+        let mut engine = Admission::new(policy);
+        // 20 GiB used everywhere: the 30 GiB head fits nowhere; 4 GiB two-GPU jobs do.
+        let mut g = gpus(3);
+        for gpu in &mut g {
+            busy(gpu, 20, 0.2);
+        }
+        let head = job(1, 30);
+        let round = |engine: &mut Admission, g: &mut [GpuState], t: f64, id: u64| {
+            let placed = engine.admit(t, &[head.clone(), wide(id, 4)], g);
+            placed.iter().map(|p| p.job).collect::<Vec<_>>()
+        };
+        // Before the head is known to be blocked, and then once (max_bypass = 1).
+        assert_eq!(round(&mut engine, &mut g, 100.0, 2), vec![2]);
+        assert_eq!(round(&mut engine, &mut g, 200.0, 3), vec![3]);
+        assert_eq!(round(&mut engine, &mut g, 300.0, 4), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn light_jobs_go_first_within_a_blocked_heads_bounds() {
+        let light = |id| Pending {
+            estimate_mib: 512,
+            ..job(id, 0)
+        };
+        // One idle GPU: the light job takes it ahead of the 8 GiB job that came first.
+        let queue = [job(1, 8), light(2)];
+        assert_eq!(admit("ladle", &queue, &mut gpus(1))[0].job, 2);
+        assert_eq!(admit("carma-first-fit", &queue, &mut gpus(1))[0].job, 1);
+        // Light jobs ahead of a head blocked in an earlier round count against its bounds;
+        // once they are used up the head is first again, and nothing passes it.
+        let mut policy = Policy::named("ladle").unwrap();
+        policy.max_bypass = 1;
+        let mut engine = Admission::new(policy);
+        let mut g = gpus(1);
+        busy(&mut g[0], 20, 0.2);
+        let head = job(1, 30);
+        let mut round = |t: f64, id: u64| {
+            let placed = engine.admit(t, &[head.clone(), light(id)], &mut g);
+            placed.iter().map(|p| p.job).collect::<Vec<_>>()
+        };
+        assert_eq!(round(100.0, 2), vec![2]);
+        assert_eq!(round(200.0, 3), vec![3]);
+        assert_eq!(round(300.0, 4), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_blocked_head_holds_the_gpu_it_already_passes_before_those_with_more_memory() {
+        // GPU 0 passes every screen for the two-GPU head; GPUs 1 and 2 have more free
+        // memory but are saturated. The head waits for one of them, and holds GPU 0: a
+        // one-GPU job may not take it (it would load the GPU the head already has).
+        let mut g = gpus(3);
+        busy(&mut g[0], 25, 0.3);
+        busy(&mut g[1], 10, 0.95);
+        busy(&mut g[2], 10, 0.95);
+        let placed = admit("ladle", &[wide(1, 8), job(2, 4)], &mut g);
+        assert!(placed.is_empty(), "{placed:?}");
+        // Once a saturated GPU calms down, the head starts there beside GPU 0.
+        g[2].risk.sm_activity = 0.3;
+        g[2].risk.sm_occupancy = Some(0.15);
+        let placed = admit("ladle", &[wide(1, 8), job(2, 4)], &mut g);
+        assert_eq!((placed[0].job, &placed[0].gpus), (1, &vec![0, 2]));
     }
 
     #[test]
@@ -1289,7 +1450,7 @@ mod tests {
             &mut g.clone(),
         );
         assert!(placed[0].exclusive && !placed[0].until_measured);
-        let placed = admit("ladle", &[retry.clone(), job(2, 1)], &mut g);
+        let placed = admit("ladle", &[retry.clone(), job(2, 2)], &mut g);
         assert_eq!(placed[0].gpus, vec![1]);
         assert!(placed[0].until_measured && !placed[0].exclusive);
         assert_eq!(placed[0].mem_limit_mib, None, "alone: uncapped");

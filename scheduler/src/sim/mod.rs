@@ -93,6 +93,13 @@ pub struct SimConfig {
     pub tick_s: f64,
     /// The estimate of a job that declares nothing, MiB (the daemon's default, 4096).
     pub default_estimate_mib: u64,
+    /// A fixed queue order, as each trace job's rank (in trace order; lower goes first,
+    /// equal ranks in arrival order): every round, the queued jobs are offered to admission
+    /// sorted by it instead of in arrival order. `None` (the default): arrival order, every
+    /// policy's own. An instrument (`ladle sim --order`), not a policy: it asks how much a
+    /// better order could gain, with hindsight no online scheduler has (see
+    /// `benches/sim/hindsight.py`).
+    pub queue_order: Option<Vec<u32>>,
 }
 
 impl Default for SimConfig {
@@ -108,6 +115,7 @@ impl Default for SimConfig {
             max_w: 400.0,
             tick_s: 1.0,
             default_estimate_mib: 4 * 1024,
+            queue_order: None,
         }
     }
 }
@@ -237,6 +245,14 @@ pub enum SimError {
     /// No GPUs, or GPUs without memory.
     #[error("the simulated machine needs at least one GPU with memory")]
     NoGpus,
+    /// [`SimConfig::queue_order`] does not rank every job of the trace once.
+    #[error("the queue order ranks {ranked} jobs; the trace has {jobs}")]
+    BadOrder {
+        /// Jobs it ranks.
+        ranked: usize,
+        /// Jobs in the trace.
+        jobs: usize,
+    },
     /// Queued jobs that can never start (a policy that refuses an empty machine, reported
     /// rather than looped on).
     #[error("{queued} jobs can never start under policy {policy}")]
@@ -385,6 +401,16 @@ fn replay(
         job.validate()?;
     }
     check_settings(&policy, config)?;
+    if let Some(order) = config
+        .queue_order
+        .as_ref()
+        .filter(|o| o.len() != trace.len())
+    {
+        return Err(SimError::BadOrder {
+            ranked: order.len(),
+            jobs: trace.len(),
+        });
+    }
     if let Some(j) = trace.iter().find(|j| j.gpus as usize > config.gpus) {
         return Err(SimError::TooWide {
             job: j.id.clone(),
@@ -673,8 +699,13 @@ fn replay(
                 }
             }
         }
-        let pending: Vec<Pending> = queue
-            .iter()
+        let mut offered: Vec<&Queued> = queue.iter().collect();
+        if let Some(rank) = &config.queue_order {
+            // Stable: equal ranks keep the queue's (arrival) order.
+            offered.sort_by_key(|q| rank[q.job]);
+        }
+        let pending: Vec<Pending> = offered
+            .into_iter()
             .map(|q| Pending {
                 id: q.job as u64,
                 estimate_mib: q.estimate_mib,
@@ -797,6 +828,38 @@ mod tests {
         assert!((r.mean_gpu_util - 0.5).abs() < 1e-6);
         let watts = 60.0 + 340.0 * 0.5;
         assert!((r.energy_kwh - watts * 100.0 / 3.6e6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_queue_order_decides_who_starts_first_and_must_rank_every_job() {
+        // One GPU, exclusive: a (arrives first) and then b queue behind a running job.
+        let trace = [
+            job("busy", 0.0, 100.0, 1000, 0.5),
+            job("a", 10.0, 50.0, 1000, 0.5),
+            job("b", 20.0, 30.0, 1000, 0.5),
+        ];
+        let config = SimConfig {
+            gpus: 1,
+            ..SimConfig::default()
+        };
+        let started = |config: &SimConfig| {
+            let (_, jobs) = simulate_jobs(&trace, Policy::exclusive(), config).unwrap();
+            jobs.iter().map(|j| j.start_s.unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(started(&config), vec![0.0, 100.0, 150.0]);
+        let reordered = SimConfig {
+            queue_order: Some(vec![0, 2, 1]),
+            ..config.clone()
+        };
+        assert_eq!(started(&reordered), vec![0.0, 130.0, 100.0]);
+        let short = SimConfig {
+            queue_order: Some(vec![0, 1]),
+            ..config
+        };
+        assert_eq!(
+            simulate(&trace, Policy::exclusive(), &short),
+            Err(SimError::BadOrder { ranked: 2, jobs: 3 })
+        );
     }
 
     #[test]
