@@ -6,8 +6,11 @@ and `ladle` with its queue in several fixed orders (`ladle sim --order`):
 
 - `fifo`: arrival order (what `ladle` does);
 - oracle orders from the trace's true durations, which no scheduler is told:
-  `lpt` (longest first), `spt` (shortest first), `lwork` (most GPU-seconds first),
-  and `wide` (two-GPU jobs first, else arrival order);
+  `lpt` (longest first), `spt` (shortest first), `lwork` (most GPU-seconds first);
+- `wide`: two-GPU jobs first, else arrival order (a scheduler knows this much);
+- `lpt~`: longest first by durations known only roughly, each true duration times
+  `exp(N(0, --noise))` (default 0.3: typically within ±35%, as a user's declared run time
+  might be), the mean over 5 draws;
 - `hindsight-wide` and `hindsight-all`: a random local search (hill climbing, seeded by the
   seed) over the order of the two-GPU jobs only, or of every job, keeping any move that does
   not lengthen the makespan. The order it finds is tailored to one trace after the fact.
@@ -22,6 +25,7 @@ import argparse
 import concurrent.futures
 import csv
 import json
+import math
 import os
 import random
 import subprocess
@@ -109,6 +113,12 @@ def run_seed(args, seed, workdir):
     }
     for name, ranks in orders.items():
         result[name] = s.ladle(ranks) / best
+    noisy = []
+    for draw in range(5):
+        rng = random.Random(seed * 1000 + draw)
+        guess = [d * math.exp(rng.gauss(0.0, args.noise)) for d in dur]
+        noisy.append(s.ladle(rank_by(lambda i: (-guess[i], i))) / best)
+    result["lpt~"] = sum(noisy) / len(noisy)
     wide = [i for i in range(n) if gpus[i] > 1]
     result["hindsight-wide"] = s.search(wide, args.iterations) / best if wide else result["fifo"]
     result["hindsight-all"] = s.search(list(range(n)), args.iterations) / best
@@ -120,6 +130,8 @@ def main():
     p.add_argument("--seeds", default="1-10")
     p.add_argument("--iterations", type=int, default=300,
                    help="search steps per seed and search (default 300)")
+    p.add_argument("--noise", type=float, default=0.3,
+                   help="log-normal sigma of the rough durations of `lpt~` (default 0.3)")
     p.add_argument("--jobs", type=int, default=60)
     p.add_argument("--gpus", type=int, default=3)
     p.add_argument("--gpu-mem", default="40GiB")
@@ -129,7 +141,7 @@ def main():
     args = p.parse_args()
     if not os.path.exists(args.ladle):
         sys.exit(f"{args.ladle} not found: run `cargo build --release -p ladle` first")
-    columns = ["fifo", "lpt", "spt", "lwork", "wide", "hindsight-wide", "hindsight-all"]
+    columns = ["fifo", "lpt", "lpt~", "spt", "lwork", "wide", "hindsight-wide", "hindsight-all"]
     with tempfile.TemporaryDirectory() as workdir:
         with concurrent.futures.ProcessPoolExecutor(args.parallel) as pool:
             results = list(pool.map(run_seed, [args] * len(parse_seeds(args.seeds)),

@@ -38,8 +38,9 @@
 //!     reservation, never for overshooting a factor of its own estimate;
 //!   - *backfill*: when the head cannot start, later jobs may, but never on the GPUs the head
 //!     is waiting for (chosen when it is first blocked and kept until it starts: the ones
-//!     with the most free memory, or for a job that must run alone the idle or least loaded
-//!     ones), at most [`Policy::max_bypass`] times per head and for at most
+//!     whose screens it already passes, then the least utilised, then the most free memory;
+//!     for a job that must run alone the idle or least loaded ones), at most
+//!     [`Policy::max_bypass`] times per head and for at most
 //!     [`Policy::max_bypass_s`] seconds, so the head cannot starve. A held GPU that is
 //!     idle may still take one backfilled job at a time if the job leaves room for the
 //!     head, `free − reserve ≥ (estimate + margin) + (head's estimate + margin)`
@@ -48,6 +49,22 @@
 //!     costs the head no memory, and keeps backfill off the GPUs of the jobs the head waits
 //!     for, which it would slow. (Its SM load may still fail the head's compute screen there
 //!     until it ends; such jobs count against the bypass limits like any other);
+//!   - *wide jobs now* ([`Policy::wide_first`]): before anyone else, each queued job that
+//!     needs two or more GPUs starts if GPUs that pass its screens can take it now, wherever
+//!     it is in the queue. Two GPUs that pass the screens at the same moment are rare on a
+//!     busy machine and a one-GPU job would take either; and two-GPU jobs are the long,
+//!     SM-heavy chain that sets a trace's makespan, so starting them early (beside each
+//!     other where memory allows) shortens it. Measured in `benches/README.md`;
+//!   - *light jobs first* ([`Policy::light_first_mib`], 1 GiB): then jobs whose estimate is
+//!     at most 1 GiB, in queue order, then the others. Such jobs fit beside anything, and
+//!     are usually short (tests, small models, evaluation), so they cut the mean completion
+//!     time at little cost to the rest. (The bound matches the light class of CARMA's
+//!     trace, 256 MiB – 1 GiB; it was chosen there.)
+//!
+//!     Both count as backfill past a head blocked in an earlier round: each one that starts
+//!     ahead of it uses one of its [`Policy::max_bypass`] passes, and once those are used
+//!     (or [`Policy::max_bypass_s`] has passed) the head is offered first and nothing
+//!     passes it, so no stream of wide or light jobs can starve it;
 //!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
 //!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
 //!     the ordering.
@@ -335,8 +352,8 @@ impl Policy {
     }
 
     /// `ladle`: CARMA least-utilised plus measure-then-pack, backfill with held GPUs,
-    /// reservations, a 1 GiB margin, per-job MPS limits from the room left, learned
-    /// estimates and feed affinity (see the module docs).
+    /// wide jobs now and light jobs first, reservations, a 1 GiB margin, per-job MPS limits
+    /// from the room left, learned estimates and feed affinity (see the module docs).
     pub fn ladle() -> Self {
         Self {
             name: "ladle".to_owned(),
