@@ -64,7 +64,9 @@
 //!     Both count as backfill past a head blocked in an earlier round: each one that starts
 //!     ahead of it uses one of its [`Policy::max_bypass`] passes, and once those are used
 //!     (or [`Policy::max_bypass_s`] has passed) the head is offered first and nothing
-//!     passes it, so no stream of wide or light jobs can starve it;
+//!     passes it, so no stream of wide or light jobs can starve it. Unlike backfill they
+//!     may take the GPUs the head holds, even an idle one that a head which must run alone
+//!     waits for: only the passes bound what they cost it;
 //!   - *feed affinity*: consumers of one producer feed go to the GPUs already running
 //!     consumers of that feed when those pass the screens, ahead of the idle-GPU rule and
 //!     the ordering.
