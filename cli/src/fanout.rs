@@ -132,7 +132,7 @@ pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
 
 /// CPU time (user + system) of all waited-for children so far.
 fn children_cpu() -> Duration {
-    crate::usage::cpu_time(libc::RUSAGE_CHILDREN)
+    ladle_procs::cpu_time(ladle_procs::Usage::Children)
 }
 
 /// The `ladle` binary running this.

@@ -18,9 +18,9 @@ mod report;
 mod scheduler;
 mod serve;
 mod sim;
+mod slurm;
 mod sweep;
 mod top;
-mod usage;
 
 use clap::{Parser, Subcommand};
 
@@ -66,9 +66,12 @@ enum Command {
     /// Print a job's stdout and stderr (every attempt).
     Logs(scheduler::LogsArgs),
     /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
-    /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`.
+    /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`; `--shard
+    /// K/N` runs a part of the grid, `--slurm --nodes N` the whole grid over a Slurm
+    /// allocation (one feed and one scheduler per node).
     Sweep(Box<sweep::SweepArgs>),
-    /// Plot a recorded run: `ladle report DIR` writes PNGs and prints a summary.
+    /// Plot a recorded run: `ladle report DIR` writes PNGs and prints a summary; `ladle
+    /// report --merge DIR…` merges the reports of a sweep's nodes or shards.
     Report(report::ReportArgs),
     /// Watch the scheduler's GPUs and jobs and every feed's consumers, live: `ladle top`.
     Top(top::TopArgs),
@@ -104,7 +107,10 @@ fn main() -> std::process::ExitCode {
         Command::Queue(args) => scheduler::queue(args),
         Command::Cancel(args) => scheduler::cancel(args),
         Command::Logs(args) => scheduler::logs(args),
-        Command::Report(args) => report::run(args),
+        Command::Report(args) => match report::run(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Sweep(args) => match sweep::run(*args) {
             Ok(code) => return code,
             Err(e) => Err(e),

@@ -1,6 +1,7 @@
 //! `ladle report DIR`: plots a recording (`--record DIR` of `serve`, `scheduler` or `sweep`)
 //! as PNGs and prints its summary (also written as `summary.md`). Reading and summarising
 //! live in `ladle_observe::report`; the charts in `crate::plot::recorded`.
+//! `ladle report --merge DIR…` merges sweep directories instead (`crate::slurm::merge`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,9 +13,18 @@ use crate::plot::recorded;
 
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// The recording's directory (what `--record DIR` wrote).
-    #[arg(value_name = "DIR")]
-    dir: PathBuf,
+    /// The recording's directory (what `--record DIR` wrote); with --merge, sweep
+    /// directories.
+    #[arg(value_name = "DIR", required = true)]
+    dirs: Vec<PathBuf>,
+    /// Merge sweep directories into one report instead: a `ladle sweep --slurm` directory
+    /// (its nodes' folders, lost nodes' runs included; written as DIR/report.json), or the
+    /// `--out` directories of `ladle sweep --shard K/N` runs.
+    #[arg(long, conflicts_with = "out")]
+    pub(crate) merge: bool,
+    /// With --merge: print the merged report as one JSON object.
+    #[arg(long, requires = "merge")]
+    pub(crate) json: bool,
     /// Write the PNGs and summary.md here instead of into DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -33,9 +43,15 @@ const CHARTS: [Chart; 4] = [
     ("cost.png", recorded::cost),
 ];
 
-pub(crate) fn run(args: ReportArgs) -> anyhow::Result<()> {
-    let recording = Recording::read(&args.dir)?;
-    let out = args.out.as_ref().unwrap_or(&args.dir);
+pub(crate) fn run(args: ReportArgs) -> anyhow::Result<std::process::ExitCode> {
+    if args.merge {
+        return crate::slurm::merge(&args.dirs, args.json);
+    }
+    let [dir] = args.dirs.as_slice() else {
+        anyhow::bail!("one recording at a time (or --merge for sweep directories)");
+    };
+    let recording = Recording::read(dir)?;
+    let out = args.out.as_ref().unwrap_or(dir);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for (file, draw) in CHARTS {
         let path = out.join(file);
@@ -49,5 +65,5 @@ pub(crate) fn run(args: ReportArgs) -> anyhow::Result<()> {
     std::fs::write(&path, &summary).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("ladle report: wrote {}", path.display());
     print!("{summary}");
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }

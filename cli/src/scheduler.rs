@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use ladle_scheduler::allocation::parse_gpu_list;
 use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
 use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::job::{JobSpec, JobState};
@@ -138,9 +139,26 @@ pub(crate) struct DaemonOptions {
     /// Telemetry and admission period, milliseconds (a 30-sample window spans 30 periods).
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     tick_ms: u64,
+    /// Schedule only these GPUs of the machine (default: all): comma-separated device
+    /// indices, N of /dev/nvidiaN as Slurm's SLURM_JOB_GPUS names them (not CUDA's
+    /// numbering), or UUIDs (GPU-…), e.g. `2,3` or `GPU-8932f937-…`. An MPS control daemon
+    /// started by the scheduler then sees only these; with simulated GPUs, one is simulated
+    /// per GPU listed. A GPU the machine does not have is an error.
+    #[arg(long, value_name = "LIST")]
+    gpus: Option<String>,
+    /// Write jobs' stdout and stderr to DIR/ID/ATTEMPT.out and .err instead of the state
+    /// directory (e.g. a shared submit directory; the claim and status files that keep
+    /// launches exactly-once stay in the state directory). `ladle logs` reads them there.
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
 }
 
 impl DaemonOptions {
+    /// Whether the GPUs are simulated (`--gpu sim`).
+    pub(crate) fn simulated(&self) -> bool {
+        self.gpu == GpuChoice::Sim
+    }
+
     /// The daemon's configuration for state directory `dir`.
     pub(crate) fn config(&self, dir: PathBuf) -> anyhow::Result<DaemonConfig> {
         let mut config = DaemonConfig::new(dir);
@@ -200,6 +218,10 @@ impl DaemonOptions {
             bail!("--tick-ms must be at least 1");
         }
         config.tick = std::time::Duration::from_millis(self.tick_ms);
+        if let Some(list) = &self.gpus {
+            config.allocated = Some(parse_gpu_list("--gpus", list)?);
+        }
+        config.log_dir = self.log_dir.clone();
         Ok(config)
     }
 }
@@ -322,7 +344,8 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         bail!("unexpected answer: {response:?}");
     };
     println!("policy {policy}");
-    for g in &gpus {
+    // Jobs name GPUs by the scheduler's numbering, 0..k; under --gpus NVML's may differ.
+    for (number, g) in gpus.iter().enumerate() {
         let note = if g.info.unsuitable.is_empty() {
             String::new()
         } else {
@@ -333,9 +356,13 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             ComputeSource::Dcgm => "DCGM",
             _ => "utilisation only (compute screen degraded)",
         };
+        let nvml = if g.info.index as usize == number {
+            String::new()
+        } else {
+            format!(" (NVML {})", g.info.index)
+        };
         println!(
-            "gpu {} {} {}: {} / {} used, SM risk {:.2}, {} jobs, metrics {metrics}{note}",
-            g.info.index,
+            "gpu {number}{nvml} {} {}: {} / {} used, SM risk {:.2}, {} jobs, metrics {metrics}{note}",
             g.info.name,
             g.info.uuid,
             format_mib(g.memory_used_mib),

@@ -125,24 +125,6 @@ impl FeedOptions {
     }
 }
 
-/// A dataset as feeds are matched: its canonical path.
-pub(crate) fn dataset_key(dataset: &std::path::Path) -> String {
-    dataset
-        .canonicalize()
-        .unwrap_or_else(|_| dataset.to_owned())
-        .display()
-        .to_string()
-}
-
-/// A feed's transform as feeds are matched: the whole pipeline in canonical form (equal for
-/// equal pipelines, whichever way they were written), the seed, the ring and the policy.
-pub(crate) fn transform_key(config: &ladle_producer::ProducerConfig) -> String {
-    format!(
-        "{} seed {} ring {} policy {:?}",
-        config.augment, config.seed, config.ring_bytes, config.policy
-    )
-}
-
 /// The feed's name in metrics and records: its `--name`, else its socket's file name.
 fn feed_label(args: &ServeArgs) -> String {
     args.name.clone().unwrap_or_else(|| {
@@ -158,7 +140,7 @@ const REREGISTER: std::time::Duration = std::time::Duration::from_secs(5);
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (dataset, config) = args.feed.open(args.socket.clone())?;
     let producer_threads = config.threads;
-    let transform = transform_key(&config);
+    let transform = ladle_sweep::engine::transform_key(&config);
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
@@ -182,7 +164,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let spec = ladle_scheduler::protocol::FeedSpec {
             name: name.clone(),
             socket,
-            dataset: dataset_key(&args.feed.dataset),
+            dataset: ladle_sweep::engine::dataset_key(&args.feed.dataset),
             transform,
             threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
             pid: std::process::id(),
@@ -244,43 +226,4 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         seconds,
     };
     crate::records::Record::print(&summary)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(spec: &str) -> String {
-        transform_key(&ProducerConfig {
-            augment: Transforms::parse(spec).unwrap(),
-            ..ProducerConfig::default()
-        })
-    }
-
-    #[test]
-    fn the_transform_key_is_equal_for_equal_pipelines_however_written_and_differs_otherwise() {
-        let calls = key("RandomCrop(32, padding=4), RandomHorizontalFlip()");
-        assert_eq!(
-            calls,
-            key(r#"[{"name":"RandomCrop","size":32,"padding":4},{"name":"RandomHorizontalFlip"}]"#)
-        );
-        assert_eq!(
-            calls,
-            key("RandomCrop(size=(32, 32), padding=(4, 4, 4, 4)), RandomHorizontalFlip(p=0.5)")
-        );
-        assert!(
-            calls.contains("RandomCrop(size=(32, 32), padding=(4, 4, 4, 4)"),
-            "{calls}"
-        );
-        assert!(calls.contains("RandomHorizontalFlip(p=0.5)"), "{calls}");
-        assert_ne!(
-            calls,
-            key("RandomCrop(32, padding=4), RandomHorizontalFlip(0.4)")
-        );
-        assert_ne!(calls, key("RandomCrop(32, padding=4)"));
-        assert_eq!(
-            key("RandomResizedCrop(224), RandomHorizontalFlip()"),
-            transform_key(&ProducerConfig::default())
-        );
-    }
 }

@@ -31,6 +31,26 @@ pub struct SweepReport {
     pub cpu_seconds: f64,
     /// What the sweep cost, and what private pipelines would have.
     pub cost: Cost,
+    /// The nodes of a sweep run over several nodes (`ladle sweep --slurm`, or shards merged
+    /// by `ladle report --merge`), each with its own feed; empty for a sweep on one machine.
+    /// `feed` then sums the nodes' feeds (its `socket` is empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeReport>,
+}
+
+/// One node of a sweep over several nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The node's name (`SLURMD_NODENAME` under Slurm; `shard-K` for a shard run by hand).
+    pub name: String,
+    /// Its feed, as a one-machine sweep reports it; `None` when the node never reported
+    /// (lost before its end: see `lost`).
+    pub feed: Option<FeedReport>,
+    /// The runs it was given, by name.
+    pub runs: Vec<String>,
+    /// Why the node's part did not end: it was lost mid-sweep (`None` when it reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
 }
 
 /// One run of a sweep.
@@ -56,6 +76,9 @@ pub struct RunReport {
     pub gpu: Vec<u32>,
     /// The last lines of a failed run's stderr.
     pub last_lines: Vec<String>,
+    /// The node it ran on, in a sweep over several nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// A sweep's feed.

@@ -87,6 +87,7 @@
 //! metric source; the daemon starting and stopping. `debug`: rejected client frames,
 //! telemetry gaps.
 
+pub mod allocation;
 pub mod daemon;
 pub mod estimate;
 pub mod job;

@@ -3,7 +3,20 @@
 //!
 //! The control daemon is started **without** `CUDA_VISIBLE_DEVICES` so that it sees every
 //! GPU and clients can name theirs by UUID (NVIDIA's advice: indices are remapped when the
-//! daemon itself has a restricted view). Each job gets
+//! daemon itself has a restricted view).
+//!
+//! Under an allocation ([`crate::allocation`]: a Slurm job holding some of the node's GPUs)
+//! it is started **with** `CUDA_VISIBLE_DEVICES` set to the allocated GPUs' UUIDs,
+//! comma-joined ([`Mps::control_env`]), so that its servers never touch the node's other
+//! GPUs, which other jobs hold. UUIDs keep the clients' view unambiguous: NVIDIA's MPS
+//! documentation ("Appendix: Environment Variables", `CUDA_VISIBLE_DEVICES`,
+//! <https://docs.nvidia.com/deploy/mps/latest/appendix-environment-variables.html>) says a
+//! daemon started with `0,2` remaps them to 0 and 1 for its clients, and recommends UUIDs
+//! for the daemon and the clients alike, which is what both get here. A daemon adopted from
+//! an earlier ladle on the same state directory keeps the view it was started with: the
+//! pipe directory is the state directory's, which is node-local and per allocation.
+//!
+//! Each job gets
 //! - `CUDA_VISIBLE_DEVICES=GPU-uuid[,GPU-uuid…]`,
 //! - `CUDA_MPS_PIPE_DIRECTORY` / `CUDA_MPS_LOG_DIRECTORY` of this daemon,
 //! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-<uuid>=6144M[,GPU-<uuid>=6144M…]` when the policy
@@ -79,15 +92,25 @@ impl Mps {
     /// # Errors
     /// [`MpsError::NotFound`] without the program, [`MpsError::Io`] or [`MpsError::Failed`]
     /// when it cannot be started.
-    pub fn start_or_adopt(state_dir: &Path) -> Result<Self, MpsError> {
-        Self::start_or_adopt_program(CONTROL, state_dir)
+    ///
+    /// `allocated`: the UUIDs of the GPUs this scheduler may use, when it may not use them all
+    /// (see the module docs); a daemon started here sees only those.
+    pub fn start_or_adopt(
+        state_dir: &Path,
+        allocated: Option<&[String]>,
+    ) -> Result<Self, MpsError> {
+        Self::start_or_adopt_program(CONTROL, state_dir, allocated)
     }
 
     /// [`Mps::start_or_adopt`] with the control program found on `PATH` under `program`.
     ///
     /// # Errors
     /// As [`Mps::start_or_adopt`].
-    pub fn start_or_adopt_program(program: &str, state_dir: &Path) -> Result<Self, MpsError> {
+    pub fn start_or_adopt_program(
+        program: &str,
+        state_dir: &Path,
+        allocated: Option<&[String]>,
+    ) -> Result<Self, MpsError> {
         let control = which(program).ok_or(MpsError::NotFound)?;
         let pipe_dir = state_dir.join("mps").join("pipe");
         let log_dir = state_dir.join("mps").join("log");
@@ -107,11 +130,8 @@ impl Mps {
             tracing::info!(pipe = %mps.pipe_dir.display(), "adopted a running MPS control daemon");
             return Ok(mps);
         }
-        let out = Command::new(&mps.control)
-            .arg("-d")
-            .envs(mps.env())
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdin(Stdio::null())
+        let out = mps
+            .start_command(allocated)
             .output()
             .map_err(|source| MpsError::Io {
                 what: format!("starting {CONTROL}"),
@@ -125,7 +145,7 @@ impl Mps {
             });
         }
         mps.started_here = true;
-        tracing::info!(pipe = %mps.pipe_dir.display(), "started the MPS control daemon");
+        tracing::info!(pipe = %mps.pipe_dir.display(), gpus = ?allocated, "started the MPS control daemon");
         Ok(mps)
     }
 
@@ -141,6 +161,29 @@ impl Mps {
                 self.log_dir.display().to_string(),
             ),
         ]
+    }
+
+    /// The environment the control daemon is started with: [`Mps::env`], plus
+    /// `CUDA_VISIBLE_DEVICES` = the allocated GPUs' UUIDs, comma-joined, under an allocation
+    /// (without one, the daemon starts with `CUDA_VISIBLE_DEVICES` removed: every GPU).
+    pub fn control_env(&self, allocated: Option<&[String]>) -> Vec<(String, String)> {
+        let mut env = self.env();
+        if let Some(uuids) = allocated {
+            env.push(("CUDA_VISIBLE_DEVICES".to_owned(), uuids.join(",")));
+        }
+        env
+    }
+
+    /// `nvidia-cuda-mps-control -d` with [`Mps::control_env`] and never the caller's
+    /// `CUDA_VISIBLE_DEVICES`.
+    fn start_command(&self, allocated: Option<&[String]>) -> Command {
+        let mut command = Command::new(&self.control);
+        command
+            .arg("-d")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .envs(self.control_env(allocated))
+            .stdin(Stdio::null());
+        command
     }
 
     /// Whether this scheduler started the control daemon (rather than adopting it).
@@ -290,8 +333,88 @@ mod tests {
     fn a_missing_control_program_is_a_typed_error() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            Mps::start_or_adopt_program("ladle-test-no-such-mps-control", dir.path()),
+            Mps::start_or_adopt_program("ladle-test-no-such-mps-control", dir.path(), None),
             Err(MpsError::NotFound)
         ));
+    }
+
+    fn mps(dir: &Path) -> Mps {
+        Mps {
+            control: dir.join(CONTROL),
+            pipe_dir: dir.join("mps/pipe"),
+            log_dir: dir.join("mps/log"),
+            started_here: false,
+        }
+    }
+
+    #[test]
+    fn under_an_allocation_the_control_daemon_sees_only_the_allocated_gpus_by_uuid() {
+        let mps = mps(Path::new("/state"));
+        let uuids = ["GPU-aaa".to_owned(), "GPU-bbb".to_owned()];
+        let env = mps.control_env(Some(&uuids));
+        assert_eq!(
+            env,
+            vec![
+                (
+                    "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
+                    "/state/mps/pipe".to_owned()
+                ),
+                (
+                    "CUDA_MPS_LOG_DIRECTORY".to_owned(),
+                    "/state/mps/log".to_owned()
+                ),
+                (
+                    "CUDA_VISIBLE_DEVICES".to_owned(),
+                    "GPU-aaa,GPU-bbb".to_owned()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_an_allocation_the_control_daemon_gets_no_visible_devices() {
+        let env = mps(Path::new("/state")).control_env(None);
+        assert!(
+            env.iter().all(|(k, _)| k != "CUDA_VISIBLE_DEVICES"),
+            "{env:?}"
+        );
+    }
+
+    #[test]
+    fn the_control_daemon_is_started_with_the_allocation_and_not_the_callers_view() {
+        // A fake control program that records its CUDA_VISIBLE_DEVICES and exits 0.
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let seen = dir.path().join("seen");
+        let program = bin.join("ladle-test-fake-mps-control");
+        let script = format!(
+            "#!/bin/sh\necho \"${{CUDA_VISIBLE_DEVICES-unset}}\" >> {}\n",
+            seen.display()
+        );
+        // Written by a child process, so no fork of this (threaded) test binary can hold
+        // it open for writing when it is run (ETXTBSY).
+        let written = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(r#"printf '%s' "$1" > "$2" && chmod 755 "$2""#)
+            .arg("sh")
+            .arg(&script)
+            .arg(&program)
+            .status()
+            .unwrap();
+        assert!(written.success());
+        let mps = Mps {
+            control: program,
+            ..mps(dir.path())
+        };
+        let run = |allocated: Option<&[String]>| {
+            // Whatever this process's CUDA_VISIBLE_DEVICES is, the daemon gets the
+            // allocation's or none.
+            let status = mps.start_command(allocated).status().unwrap();
+            assert!(status.success());
+        };
+        run(Some(&["GPU-aaa".to_owned()]));
+        run(None);
+        assert_eq!(std::fs::read_to_string(&seen).unwrap(), "GPU-aaa\nunset\n");
     }
 }

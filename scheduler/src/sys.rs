@@ -50,6 +50,25 @@ pub fn signal_group(pgid: u32, signal: rustix::process::Signal) -> io::Result<()
     Ok(())
 }
 
+/// Whether process group `pgid` has a member that is alive and not a zombie. A zombie
+/// left by a killed job's orphaned child is its new parent's to reap (init's, or a
+/// container's first process, which may never do it), so it does not count.
+pub fn group_alive(pgid: u32) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(pgid as i32) else {
+        return false;
+    };
+    if rustix::process::test_kill_process_group(pid) == Err(rustix::io::Errno::SRCH) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        // Cannot look: the group answered a signal, so take it for alive.
+        return true;
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .any(|pid| process_group(pid) == Some(pgid) && alive(pid))
+}
+
 /// The uid of the process at the other end of a Unix socket.
 pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
     Ok(rustix::net::sockopt::socket_peercred(sock)?.uid.as_raw())
@@ -95,6 +114,21 @@ mod tests {
         child.wait().unwrap();
         assert!(!alive(pid));
         assert_eq!(start_ticks(pid), None);
+    }
+
+    #[test]
+    fn a_group_is_alive_while_a_member_runs_and_not_once_it_is_reaped() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        assert!(group_alive(pgid));
+        signal_group(pgid, rustix::process::Signal::KILL).unwrap();
+        child.wait().unwrap();
+        assert!(!group_alive(pgid));
     }
 
     #[test]

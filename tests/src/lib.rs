@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use ladle_procs::{Output, Proc, Signal};
 
+pub mod slurm;
+
 /// The `ladle` binary of this build, built on first use with the same profile as the tests.
 pub fn ladle_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

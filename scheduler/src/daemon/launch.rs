@@ -41,6 +41,9 @@ pub(super) struct Live {
     pub child: Option<Child>,
     /// When `ladle cancel` sent SIGTERM.
     pub cancel_at: Option<Instant>,
+    /// The daemon is stopping and took the job down with it
+    /// ([`super::DaemonConfig::stop_jobs`]).
+    pub stopping: bool,
     /// What the job holds on simulated GPUs.
     pub sim_load: SimLoad,
     /// Bytes of its stdout already read for sim markers.
@@ -61,6 +64,7 @@ impl Live {
         Self {
             child: None,
             cancel_at: None,
+            stopping: false,
             sim_load: SimLoad {
                 mem_mib: estimate_mib,
                 sm: SIM_DEFAULT_SM,
@@ -85,10 +89,52 @@ pub(super) fn retry_estimate(estimate_mib: u64, peak_mib: Option<u64>, cap_mib: 
         .max(1)
 }
 
-pub(super) fn attempt_path(dir: &Path, id: JobId, attempt: u32, ext: &str) -> PathBuf {
-    dir.join("jobs")
-        .join(id.to_string())
-        .join(format!("{attempt}.{ext}"))
+/// Where each attempt's files are: the claim and status files in the state directory
+/// (`DIR/jobs/ID/ATTEMPT.claim`, `.status`: they decide exactly-once launches, so they stay
+/// node-local), stdout and stderr beside them or, with a log directory, in
+/// `LOG_DIR/ID/ATTEMPT.out`, `.err`. Everything that writes or reads an attempt's files
+/// (launch, reaping, recovery, sim markers, out-of-memory evidence, `Logs`) asks here.
+#[derive(Debug, Clone)]
+pub(super) struct JobFiles {
+    state_dir: PathBuf,
+    log_dir: Option<PathBuf>,
+}
+
+impl JobFiles {
+    pub(super) fn new(state_dir: PathBuf, log_dir: Option<PathBuf>) -> Self {
+        Self { state_dir, log_dir }
+    }
+
+    fn in_dir(dir: &Path, id: JobId, attempt: u32, ext: &str) -> PathBuf {
+        dir.join(id.to_string()).join(format!("{attempt}.{ext}"))
+    }
+
+    /// The claim file its wrapper creates exclusively, holding its pid.
+    pub(super) fn claim(&self, id: JobId, attempt: u32) -> PathBuf {
+        Self::in_dir(&self.state_dir.join("jobs"), id, attempt, "claim")
+    }
+
+    /// The file its wrapper writes the exit code to.
+    pub(super) fn status(&self, id: JobId, attempt: u32) -> PathBuf {
+        Self::in_dir(&self.state_dir.join("jobs"), id, attempt, "status")
+    }
+
+    fn log(&self, id: JobId, attempt: u32, ext: &str) -> PathBuf {
+        match &self.log_dir {
+            Some(logs) => Self::in_dir(logs, id, attempt, ext),
+            None => Self::in_dir(&self.state_dir.join("jobs"), id, attempt, ext),
+        }
+    }
+
+    /// Its standard output.
+    pub(super) fn stdout(&self, id: JobId, attempt: u32) -> PathBuf {
+        self.log(id, attempt, "out")
+    }
+
+    /// Its standard error.
+    pub(super) fn stderr(&self, id: JobId, attempt: u32) -> PathBuf {
+        self.log(id, attempt, "err")
+    }
 }
 
 /// The last `max` bytes of a file, lossily as text; empty when unreadable.
@@ -210,17 +256,21 @@ impl Daemon {
             .jobs
             .get(&id)
             .ok_or_else(|| std::io::Error::other("job vanished"))?;
-        let out_path = attempt_path(&self.dir, id, attempt, "out");
-        if let Some(parent) = out_path.parent() {
-            std::fs::create_dir_all(parent)?;
+        let (claim, status) = (
+            self.files.claim(id, attempt),
+            self.files.status(id, attempt),
+        );
+        let (out_path, err_path) = (
+            self.files.stdout(id, attempt),
+            self.files.stderr(id, attempt),
+        );
+        for path in [&claim, &out_path] {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
         }
-        let open = |ext| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(attempt_path(&self.dir, id, attempt, ext))
-        };
-        let (out, err) = (open("out")?, open("err")?);
+        let open = |path: &Path| OpenOptions::new().create(true).append(true).open(path);
+        let (out, err) = (open(&out_path)?, open(&err_path)?);
         let uuids: Vec<&str> = gpus
             .iter()
             .filter_map(|&g| self.gpus.get(g).map(|i| i.uuid.as_str()))
@@ -229,8 +279,8 @@ impl Daemon {
             .arg("-c")
             .arg(WRAPPER)
             .arg(format!("ladle-job-{id}.{attempt}"))
-            .arg(attempt_path(&self.dir, id, attempt, "claim"))
-            .arg(attempt_path(&self.dir, id, attempt, "status"))
+            .arg(claim)
+            .arg(status)
             .args(&job.spec.command)
             .current_dir(&job.spec.cwd)
             .stdin(Stdio::null())
@@ -261,8 +311,7 @@ impl Daemon {
             } else if let Some(pid) = attempt.pid
                 && !sys::alive(pid)
             {
-                let status =
-                    read_status(&attempt_path(&self.dir, job.id, attempt.number, "status"));
+                let status = read_status(&self.files.status(job.id, attempt.number));
                 ended.push((job.id, status, None, status.is_none()));
             }
             if let (Some(at), Some(pid)) = (live.cancel_at, attempt.pid)
@@ -274,6 +323,32 @@ impl Daemon {
         for (id, code, signal, vanished) in ended {
             self.finish(id, code, signal, vanished);
         }
+    }
+
+    /// Sends `signal` to the process group of every running attempt; with `stopping`, marks
+    /// them as taken down with the daemon (their ends are journaled as interrupted).
+    /// Returns the groups signalled.
+    pub(super) fn signal_running(
+        &mut self,
+        signal: rustix::process::Signal,
+        stopping: bool,
+    ) -> Vec<u32> {
+        let running: Vec<(JobId, Option<u32>)> =
+            self.jobs.running().map(|(j, a)| (j.id, a.pid)).collect();
+        let mut groups = Vec::new();
+        for (id, pid) in running {
+            if stopping && let Some(live) = self.live.get_mut(&id) {
+                live.stopping = true;
+            }
+            let Some(pid) = pid else { continue };
+            match sys::signal_group(pid, signal) {
+                Ok(()) => groups.push(pid),
+                // Already gone: reaping will see it.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => {}
+                Err(e) => tracing::warn!(job = id, pid, "{signal:?}: {e}"),
+            }
+        }
+        groups
     }
 
     /// Records the end of job `id`'s current attempt and decides what follows.
@@ -298,10 +373,21 @@ impl Daemon {
         let live = self.live.remove(&id);
         let peak_mib = live.as_ref().and_then(|l| l.peak_mib);
         let cancelled = live.as_ref().is_some_and(|l| l.cancel_at.is_some());
-        let stderr = tail(&attempt_path(&self.dir, id, number, "err"), 1 << 20);
+        let stopping = live.as_ref().is_some_and(|l| l.stopping);
+        let how = match (code, signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            (None, None) => "ended without an exit status".to_owned(),
+        };
+        let stderr = tail(&self.files.stderr(id, number), 1 << 20);
         let mut requeue = None;
         let (outcome, reason) = if cancelled {
             (Outcome::Cancelled, "cancelled".to_owned())
+        } else if stopping {
+            (
+                Outcome::Interrupted,
+                format!("stopped with the scheduler ({how}); not run again"),
+            )
         } else if vanished {
             (
                 Outcome::Interrupted,
@@ -338,11 +424,6 @@ impl Daemon {
                 )
             }
         } else {
-            let how = match (code, signal) {
-                (Some(c), _) => format!("exit code {c}"),
-                (None, Some(s)) => format!("killed by signal {s}"),
-                (None, None) => "ended without an exit status".to_owned(),
-            };
             (Outcome::Failed, how)
         };
         tracing::info!(job = id, attempt = number, ?outcome, "{reason}");

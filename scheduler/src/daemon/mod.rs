@@ -4,11 +4,31 @@
 //!
 //! ## Jobs as processes
 //! Each attempt runs as `/bin/sh -c WRAPPER ladle-job-ID.ATTEMPT CLAIM STATUS CMD…` in its
-//! own process group, stdout and stderr to `DIR/jobs/ID/ATTEMPT.out` / `.err`. The small
-//! wrapper makes exactly-once launches checkable after a crash: it first creates the
-//! attempt's claim file exclusively (`set -C`) with its pid in it, and refuses to run the
-//! command if the claim exists; after the command it writes the exit code to the status
-//! file. Jobs run in their own process groups, so they outlive a crashed or stopped daemon.
+//! own process group, stdout and stderr to `DIR/jobs/ID/ATTEMPT.out` / `.err`, or to
+//! `LOG_DIR/ID/ATTEMPT.out` / `.err` with [`DaemonConfig::log_dir`] (a shared submit
+//! directory under Slurm, while the claim and status files stay in the node-local state
+//! directory). The small wrapper makes exactly-once launches checkable after a crash: it
+//! first creates the attempt's claim file exclusively (`set -C`) with its pid in it, and
+//! refuses to run the command if the claim exists; after the command it writes the exit
+//! code to the status file. Jobs run in their own process groups, so they outlive a crashed
+//! or stopped daemon, unless [`DaemonConfig::stop_jobs`] says to take them down with it.
+//!
+//! ## Stopping with the jobs (`stop_jobs`)
+//! A daemon inside a Slurm allocation must not leave processes behind when its step ends
+//! (ladle never relies on Slurm to clean up what it started). With
+//! [`DaemonConfig::stop_jobs`] `Some(grace)`, on stop it stops admitting, sends SIGTERM to
+//! every running job's process group (a training loop may checkpoint), reaps those that end
+//! within `grace` (journaled as interrupted, "stopped with the scheduler", and not run
+//! again), sends SIGKILL to every group that still has a live process, reaps them, and
+//! quits MPS if it started it. The socket answers until then.
+//!
+//! ## Only the allocated GPUs
+//! [`DaemonConfig::allocated`] ([`crate::allocation`]) restricts the daemon to some of the
+//! node's GPUs: NVML is enumerated and only those are kept, simulated GPUs are one per
+//! allocated GPU, and an MPS control daemon started here sees only their UUIDs. The
+//! daemon's GPUs are numbered `0..k` in NVML's order: that is what a job's `gpus`, the
+//! journal and admission name; [`GpuInfo::index`] keeps NVML's own index for the log,
+//! `ladle queue` and DCGM. Jobs get their GPUs by UUID in `CUDA_VISIBLE_DEVICES` as always.
 //!
 //! ## Recovery (what "no job lost, none run twice" means here)
 //! At start the journal is replayed. For an attempt journaled as starting or started with
@@ -57,6 +77,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::allocation::GpuSelector;
 use crate::job::JobId;
 use crate::journal::{Journal, JournalError, Record};
 use crate::mps::{Mps, MpsError};
@@ -70,7 +91,7 @@ use crate::telemetry::{
 
 pub use self::telemetry::SEEN_GRACE_S;
 
-use self::launch::Live;
+use self::launch::{JobFiles, Live};
 use self::state::Jobs;
 
 /// Which GPUs the daemon schedules.
@@ -122,8 +143,21 @@ pub const CANCEL_GRACE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DaemonConfig {
-    /// State directory: socket, journal, job logs, MPS pipes.
+    /// State directory: socket, journal, claim and status files, job logs (unless
+    /// [`DaemonConfig::log_dir`]), MPS pipes. Node-local.
     pub dir: PathBuf,
+    /// Where jobs' stdout and stderr go, as `LOG_DIR/ID/ATTEMPT.out` / `.err` (created as
+    /// needed); `None`: `DIR/jobs/ID/`. `Logs` answers these paths.
+    pub log_dir: Option<PathBuf>,
+    /// Only these GPUs of the node ([`crate::allocation`]); `None`: every GPU (or
+    /// `GpuBackend`'s simulated count). With simulated GPUs, one per allocated GPU. The
+    /// daemon never reads the environment for this: its caller decides, e.g. with
+    /// [`crate::allocation::allocation_from_env`].
+    pub allocated: Option<Vec<GpuSelector>>,
+    /// On stop, take the running jobs down: SIGTERM to their process groups, this long to
+    /// end, then SIGKILL (see the module docs). `None`: they keep running and the next daemon
+    /// on the directory adopts them.
+    pub stop_jobs: Option<Duration>,
     /// Admission policy.
     pub policy: Policy,
     /// GPUs.
@@ -148,10 +182,14 @@ pub struct DaemonConfig {
 
 impl DaemonConfig {
     /// Defaults: policy `ladle`, GPUs `auto` (2 simulated GPUs of 40 GiB without NVML), MPS
-    /// `auto`, 4 GiB default estimate, 3 retries, 1 s tick.
+    /// `auto`, 4 GiB default estimate, 3 retries, 1 s tick; logs in the state directory,
+    /// every GPU, jobs left running on stop.
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
+            log_dir: None,
+            allocated: None,
+            stop_jobs: None,
             policy: Policy::ladle(),
             gpu: GpuBackend::Auto {
                 sim_gpus: 2,
@@ -231,7 +269,8 @@ struct Daemon {
     simulated: bool,
     locked_until: Vec<f64>,
     engine: Admission,
-    dir: PathBuf,
+    /// Where each attempt's claim, status and log files are.
+    files: JobFiles,
     default_estimate_mib: u64,
     max_oom_retries: u32,
     mps_env: Vec<(String, String)>,
@@ -312,9 +351,13 @@ fn now_unix() -> f64 {
 fn open_telemetry(config: &DaemonConfig) -> Result<Box<dyn Telemetry>, TelemetryError> {
     let options = NvmlOptions {
         dcgm: config.dcgm.clone(),
+        allocated: config.allocated.clone(),
     };
     let sim = |gpus: usize, memory_mib: u64| -> Result<Box<dyn Telemetry>, TelemetryError> {
-        let mut sim = SimGpus::new(gpus, memory_mib);
+        let mut sim = match &config.allocated {
+            Some(allocated) => SimGpus::for_allocation(allocated, memory_mib),
+            None => SimGpus::new(gpus, memory_mib),
+        };
         if let Some(scenario) = &config.sim_scenario {
             sim.apply(scenario)?;
         }
@@ -329,8 +372,9 @@ fn open_telemetry(config: &DaemonConfig) -> Result<Box<dyn Telemetry>, Telemetry
         } => match NvmlTelemetry::open_with(&options) {
             Ok(nvml) => Ok(Box::new(nvml)),
             Err(e) => {
+                let count = config.allocated.as_ref().map_or(*sim_gpus, Vec::len);
                 tracing::warn!(
-                    "{e}; scheduling {sim_gpus} simulated GPUs instead (use --gpu nvml to require a GPU)"
+                    "{e}; scheduling {count} simulated GPUs instead (use --gpu nvml to require a GPU)"
                 );
                 sim(*sim_gpus, *sim_memory_mib)
             }
@@ -365,7 +409,9 @@ fn report_gpus(gpus: &[GpuInfo], mps_running: bool) {
 }
 
 /// Runs the daemon until `stop` is set (SIGINT/SIGTERM in `ladle scheduler`). Running jobs
-/// are left running when it stops; the next daemon on the same directory adopts them.
+/// are left running when it stops, and the next daemon on the same directory adopts them,
+/// unless [`DaemonConfig::stop_jobs`] says to stop them first (then it returns once they
+/// are gone, or after the grace and a SIGKILL).
 ///
 /// # Errors
 /// [`DaemonError`] when it cannot start.
@@ -384,21 +430,30 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         .map_err(dir_err(&dir.join("lock")))?
         .ok_or_else(|| DaemonError::AlreadyRunning(dir.clone()))?;
     std::fs::create_dir_all(dir.join("jobs")).map_err(dir_err(&dir.join("jobs")))?;
+    if let Some(logs) = &config.log_dir {
+        std::fs::create_dir_all(logs).map_err(dir_err(logs))?;
+    }
 
     let mut telemetry = open_telemetry(&config)?;
     let gpus = telemetry.gpus().to_vec();
     let simulated = telemetry.simulated().is_some();
+    // Under an allocation, an MPS control daemon started here sees only its GPUs.
+    let allocated_uuids: Option<Vec<String>> = config
+        .allocated
+        .as_ref()
+        .map(|_| gpus.iter().map(|g| g.uuid.clone()).collect());
+    let allocated_uuids = allocated_uuids.as_deref();
     let mps = match (config.mps, simulated) {
         (MpsMode::Off, _) => None,
         (MpsMode::Auto, true) => None,
-        (MpsMode::Auto, false) => match Mps::start_or_adopt(&dir) {
+        (MpsMode::Auto, false) => match Mps::start_or_adopt(&dir, allocated_uuids) {
             Ok(m) => Some(m),
             Err(e) => {
                 tracing::warn!("{e}; running jobs without MPS");
                 None
             }
         },
-        (MpsMode::On, _) => Some(Mps::start_or_adopt(&dir)?),
+        (MpsMode::On, _) => Some(Mps::start_or_adopt(&dir, allocated_uuids)?),
     };
 
     report_gpus(&gpus, mps.is_some());
@@ -418,7 +473,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         gpus,
         telemetry,
         engine: Admission::new(config.policy.clone()),
-        dir: dir.clone(),
+        files: JobFiles::new(dir.clone(), config.log_dir.clone()),
         default_estimate_mib: config.default_estimate_mib,
         max_oom_retries: config.max_oom_retries,
         cpu_cores: config.cpu_cores,
@@ -467,6 +522,9 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
             .map(|(guard, _)| guard)
             .unwrap_or_else(|e| e.into_inner().0);
     }
+    if let Some(grace) = config.stop_jobs {
+        state = stop_jobs(&shared, state, grace);
+    }
     let running = state.jobs.running().count();
     drop(state);
     let _ = std::fs::remove_file(&socket);
@@ -479,11 +537,89 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
             tracing::info!("{running} jobs still running: leaving MPS up for them");
         }
     }
-    tracing::info!(
-        running,
-        "scheduler stopped; running jobs continue and are adopted on restart"
-    );
+    if running == 0 {
+        tracing::info!("scheduler stopped");
+    } else {
+        tracing::info!(
+            running,
+            "scheduler stopped; running jobs continue and are adopted on restart"
+        );
+    }
     Ok(())
+}
+
+/// How long SIGKILLed jobs may take to be reaped before the daemon stops without them (a
+/// process in uninterruptible sleep, e.g. on a hung file system, ends only when it wakes).
+const KILL_WAIT: Duration = Duration::from_secs(30);
+
+/// [`DaemonConfig::stop_jobs`]: SIGTERM to every running job's group, up to `grace` for
+/// them to end (reaped and journaled as usual), then SIGKILL to every group with a live
+/// process left, and up to [`KILL_WAIT`] for those. The lock is released while waiting, so
+/// the socket still answers.
+fn stop_jobs<'a>(
+    shared: &'a Shared,
+    mut state: MutexGuard<'a, Daemon>,
+    grace: Duration,
+) -> MutexGuard<'a, Daemon> {
+    let groups = state.signal_running(rustix::process::Signal::TERM, true);
+    if state.jobs.running().next().is_none() {
+        return state;
+    }
+    tracing::info!(
+        jobs = groups.len(),
+        grace_s = grace.as_secs_f64(),
+        "stopping: SIGTERM sent to every running job"
+    );
+    state = wait_for(shared, state, Instant::now() + grace, |_| true);
+    let left: Vec<u32> = groups
+        .iter()
+        .copied()
+        .filter(|&g| sys::group_alive(g))
+        .collect();
+    if !left.is_empty() {
+        tracing::warn!(groups = ?left, "still running after the grace: SIGKILL");
+        for &g in &left {
+            if let Err(e) = sys::signal_group(g, rustix::process::Signal::KILL) {
+                tracing::debug!(group = g, "SIGKILL: {e}");
+            }
+        }
+    }
+    state = wait_for(shared, state, Instant::now() + KILL_WAIT, |_| {
+        !left.iter().any(|&g| sys::group_alive(g))
+    });
+    let running: Vec<JobId> = state.jobs.running().map(|(j, _)| j.id).collect();
+    if !running.is_empty() {
+        tracing::warn!(
+            jobs = ?running,
+            "jobs still running after SIGKILL; the next daemon on this directory adopts them"
+        );
+    }
+    state
+}
+
+/// Reaps until no job runs and `done` holds, or until `deadline`, releasing the lock in
+/// between.
+fn wait_for<'a>(
+    shared: &'a Shared,
+    mut state: MutexGuard<'a, Daemon>,
+    deadline: Instant,
+    done: impl Fn(&Daemon) -> bool,
+) -> MutexGuard<'a, Daemon> {
+    loop {
+        state.reap();
+        let now = Instant::now();
+        if (state.jobs.running().next().is_none() && done(&state)) || now >= deadline {
+            return state;
+        }
+        let wait = deadline
+            .saturating_duration_since(now)
+            .min(Duration::from_millis(20));
+        state = shared
+            .wake
+            .wait_timeout(state, wait)
+            .map(|(guard, _)| guard)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use crate::job::JobId;
 use crate::journal::Record;
 use crate::sys;
 
-use super::launch::{Live, attempt_path, read_status};
+use super::launch::{Live, read_status};
 use super::{Daemon, DaemonError};
 
 impl Daemon {
@@ -22,7 +22,7 @@ impl Daemon {
             .map(|(j, a)| (j.id, a.number, a.pid))
             .collect();
         for (id, attempt, journaled_pid) in open {
-            let claim = attempt_path(&self.dir, id, attempt, "claim");
+            let claim = self.files.claim(id, attempt);
             let pid = match journaled_pid {
                 Some(pid) => Some(pid),
                 None => {
@@ -97,7 +97,7 @@ impl Daemon {
                     }
                 }
             } else {
-                let status = read_status(&attempt_path(&self.dir, id, attempt, "status"));
+                let status = read_status(&self.files.status(id, attempt));
                 self.finish(id, status, None, status.is_none());
             }
         }

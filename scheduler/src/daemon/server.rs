@@ -15,7 +15,7 @@ use crate::protocol::{
 };
 use crate::sys;
 
-use super::launch::{attempt_path, tail};
+use super::launch::tail;
 use super::state::Stage;
 use super::{Daemon, DaemonError, Feed, Shared, now_unix};
 
@@ -299,8 +299,8 @@ impl Daemon {
         };
         let attempts = (1..=job.attempts)
             .map(|attempt| {
-                let stdout_path = attempt_path(&self.dir, id, attempt, "out");
-                let stderr_path = attempt_path(&self.dir, id, attempt, "err");
+                let stdout_path = self.files.stdout(id, attempt);
+                let stderr_path = self.files.stderr(id, attempt);
                 AttemptLogs {
                     attempt,
                     stdout: tail(&stdout_path, LOG_TAIL),

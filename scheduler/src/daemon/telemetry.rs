@@ -26,7 +26,6 @@ use crate::policy::{GpuState, Pending, windows_full};
 use crate::sys;
 use crate::telemetry::ProcessMemory;
 
-use super::launch::attempt_path;
 use super::{Daemon, SIM_MARKER};
 
 /// Seconds a GPU stays settling after a new job's process is first seen on it.
@@ -178,13 +177,13 @@ impl Daemon {
 
     /// Sim mode: read what jobs printed about their memory and SM demand.
     pub(super) fn read_sim_markers(&mut self) {
-        let dir = self.dir.clone();
+        let files = self.files.clone();
         let mut updates = Vec::new();
         for (job, attempt) in self.jobs.running() {
             let Some(run) = self.live.get_mut(&job.id) else {
                 continue;
             };
-            let path = attempt_path(&dir, job.id, attempt.number, "out");
+            let path = files.stdout(job.id, attempt.number);
             let Ok(mut f) = File::open(&path) else {
                 continue;
             };

@@ -465,6 +465,17 @@ pub enum TelemetryError {
     /// The machine has no GPU the backend can see.
     #[error("no GPUs found")]
     NoGpus,
+    /// A GPU of the allocation ([`crate::allocation`]) is not among those NVML sees.
+    #[error(
+        "the allocated GPU {gpu} is not on this machine; NVML sees {seen} (an index is the \
+         device file's number, /dev/nvidiaN)"
+    )]
+    NotAllocated {
+        /// The selector that matched nothing (`/dev/nvidiaN` or a UUID).
+        gpu: String,
+        /// Every GPU NVML sees: its device file and UUID.
+        seen: String,
+    },
     /// A GPU index beyond the backend's GPUs.
     #[error("no GPU {gpu} (there are {count})")]
     NoSuchGpu {

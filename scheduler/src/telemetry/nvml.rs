@@ -33,6 +33,7 @@ use super::{
     ComputeMode, ComputeSource, GpuInfo, GpuSample, ProcessMemory, RawProcess, SampleGap,
     Telemetry, TelemetryError, collocation_note, merge_processes,
 };
+use crate::allocation::GpuSelector;
 
 /// Whether and how the NVML backend uses DCGM for GPUs without GPM.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -51,6 +52,9 @@ pub enum DcgmMode {
 pub struct NvmlOptions {
     /// DCGM for GPUs without GPM.
     pub dcgm: DcgmMode,
+    /// Only these GPUs (a Slurm allocation, [`crate::allocation`]); `None`: every GPU NVML
+    /// sees. An index selects by device file (NVML's minor number), a UUID by UUID.
+    pub allocated: Option<Vec<GpuSelector>>,
 }
 
 /// Real GPUs through NVML.
@@ -93,8 +97,14 @@ impl NvmlTelemetry {
     /// GPUs without GPM are then utilisation-only, and [`GpuInfo::compute_source_note`]
     /// says why.
     ///
+    /// With [`NvmlOptions::allocated`], every GPU is enumerated and only the selected ones
+    /// are kept, in NVML's order: the backend's GPUs `0..k` are those, and each keeps NVML's
+    /// index in [`GpuInfo::index`] (what `nvidia-smi` and DCGM call it). The other GPUs are
+    /// not queried beyond their UUID and minor number.
+    ///
     /// # Errors
-    /// As [`NvmlTelemetry::open`].
+    /// As [`NvmlTelemetry::open`], and [`TelemetryError::NotAllocated`] for a selector that
+    /// matches no GPU (naming it and every GPU NVML sees).
     pub fn open_with(options: &NvmlOptions) -> Result<Self, TelemetryError> {
         let nvml = Nvml::init().map_err(|source| TelemetryError::NvmlUnavailable { source })?;
         let nvml: &'static Nvml = Box::leak(Box::new(nvml));
@@ -106,6 +116,8 @@ impl NvmlTelemetry {
         }
         let mut infos = Vec::new();
         let mut gpm_supported = Vec::new();
+        let mut seen = Vec::new();
+        let mut matched = vec![false; options.allocated.as_ref().map_or(0, Vec::len)];
         for index in 0..count {
             let err = |call| {
                 move |source| TelemetryError::Nvml {
@@ -117,6 +129,27 @@ impl NvmlTelemetry {
             let device = nvml
                 .device_by_index(index)
                 .map_err(err("device_by_index"))?;
+            let uuid = device.uuid().map_err(err("uuid"))?;
+            if let Some(allocated) = &options.allocated {
+                let minor = device.minor_number().ok();
+                seen.push(format!(
+                    "{} {uuid}",
+                    minor.map_or_else(
+                        || format!("GPU {index} (minor number unknown)"),
+                        |m| format!("/dev/nvidia{m}")
+                    )
+                ));
+                let mut kept = false;
+                for (selector, matched) in allocated.iter().zip(&mut matched) {
+                    if selects(selector, minor, &uuid) {
+                        *matched = true;
+                        kept = true;
+                    }
+                }
+                if !kept {
+                    continue;
+                }
+            }
             let mut unsuitable = Vec::new();
             let compute_mode = match device.compute_mode() {
                 Ok(mode) => Some(compute_mode_of(mode)),
@@ -142,7 +175,7 @@ impl NvmlTelemetry {
             gpm_supported.push(gpm);
             let mut info = GpuInfo::new(
                 index,
-                device.uuid().map_err(err("uuid"))?,
+                uuid,
                 device.name().unwrap_or_else(|_| "unknown".to_owned()),
                 device.memory_info().map_err(err("memory_info"))?.total / MIB,
             );
@@ -154,6 +187,17 @@ impl NvmlTelemetry {
                 ComputeSource::UtilizationOnly
             };
             infos.push(info);
+        }
+        if let Some(allocated) = &options.allocated
+            && let Some((missing, _)) = allocated.iter().zip(&matched).find(|(_, m)| !**m)
+        {
+            return Err(TelemetryError::NotAllocated {
+                gpu: missing.to_string(),
+                seen: seen.join(", "),
+            });
+        }
+        if infos.is_empty() {
+            return Err(TelemetryError::NoGpus);
         }
         let dcgm = start_dcgm(&options.dcgm, &mut infos);
         Ok(Self {
@@ -175,7 +219,7 @@ impl NvmlTelemetry {
         };
         let device = self
             .nvml
-            .device_by_index(gpu as u32)
+            .device_by_index(self.infos[gpu].index)
             .map_err(|e| gap("device_by_index", e))?;
         let now = match device.gpm_sample() {
             Ok(now) => now,
@@ -253,6 +297,14 @@ impl NvmlTelemetry {
             }
             _ => (Metrics::default(), ComputeSource::UtilizationOnly),
         }
+    }
+}
+
+/// Whether `selector` names the GPU with device file `/dev/nvidia{minor}` and `uuid`.
+fn selects(selector: &GpuSelector, minor: Option<u32>, uuid: &str) -> bool {
+    match selector {
+        GpuSelector::Index(i) => minor == Some(*i),
+        GpuSelector::Uuid(u) => u == uuid,
     }
 }
 
@@ -370,7 +422,8 @@ impl Telemetry for NvmlTelemetry {
                 count: self.infos.len(),
             });
         }
-        let index = gpu as u32;
+        // The backend's GPU `gpu` is NVML's GPU `index` (they differ under an allocation).
+        let index = self.infos[gpu].index;
         let err = |call| {
             move |source| TelemetryError::Nvml {
                 gpu: index,
@@ -435,5 +488,22 @@ impl Telemetry for NvmlTelemetry {
             compute_source,
             gaps,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_index_selects_by_device_file_and_a_uuid_by_uuid() {
+        let index = GpuSelector::Index(2);
+        assert!(selects(&index, Some(2), "GPU-a"));
+        assert!(!selects(&index, Some(0), "GPU-a"));
+        // A GPU whose minor number NVML cannot give is never taken for an index.
+        assert!(!selects(&index, None, "GPU-a"));
+        let uuid = GpuSelector::Uuid("GPU-a".to_owned());
+        assert!(selects(&uuid, None, "GPU-a"));
+        assert!(!selects(&uuid, Some(2), "GPU-b"));
     }
 }

@@ -28,6 +28,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::allocation::GpuSelector;
+
 use super::{
     ComputeMode, ComputeSource, GpuInfo, GpuSample, ProcessMemory, RawProcess, SampleGap,
     Telemetry, TelemetryError, collocation_note, merge_processes,
@@ -174,6 +176,22 @@ impl SimGpus {
             foreign: vec![Vec::new(); count],
             failing: vec![BTreeMap::new(); count],
         }
+    }
+
+    /// One simulated GPU of `memory_mib` for each GPU of an allocation
+    /// ([`crate::allocation`]), in its order, numbered `0..k`; each UUID says that it is
+    /// simulated and which allocated GPU it stands for (`GPU-simulated-dev-nvidia2`,
+    /// `GPU-simulated-GPU-…`), so no job can take it for a real one.
+    pub fn for_allocation(allocated: &[GpuSelector], memory_mib: u64) -> Self {
+        let mut sim = Self::new(allocated.len(), memory_mib);
+        for (info, selector) in sim.infos.iter_mut().zip(allocated) {
+            info.uuid = match selector {
+                GpuSelector::Index(i) => format!("GPU-simulated-dev-nvidia{i}"),
+                GpuSelector::Uuid(uuid) => format!("GPU-simulated-{uuid}"),
+            };
+            info.name = format!("sim-gpu-{} (for {selector})", info.index);
+        }
+        sim
     }
 
     /// Applies `scenario`.
@@ -650,5 +668,20 @@ mod tests {
         }
         assert_eq!(sim.memory_mib(0), u64::MAX);
         assert_eq!(sim.sample(0).unwrap().memory_used_mib, 1000);
+    }
+
+    #[test]
+    fn an_allocation_is_simulated_as_one_gpu_each_with_uuids_that_say_so() {
+        let allocated = [
+            GpuSelector::Index(2),
+            GpuSelector::Uuid("GPU-8932f937".to_owned()),
+        ];
+        let sim = SimGpus::for_allocation(&allocated, 1000);
+        let gpus = sim.gpus();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].index, 0);
+        assert_eq!(gpus[0].uuid, "GPU-simulated-dev-nvidia2");
+        assert_eq!(gpus[1].uuid, "GPU-simulated-GPU-8932f937");
+        assert!(gpus.iter().all(|g| g.memory_total_mib == 1000));
     }
 }

@@ -1,0 +1,397 @@
+//! `ladle sweep --slurm`: writes the batch script (`ladle_sweep::slurm::script`), submits
+//! it, follows the job (its output file's lines, per node and per run) and prints the merged
+//! report when it ends; `--resume DIR` submits only the runs that did not succeed.
+
+use std::io::{BufRead, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use ladle_sweep::ledger;
+use ladle_sweep::slurm::{self, GpuRequest, Manifest, ScriptSpec};
+
+use crate::sweep::SweepArgs;
+
+#[derive(Debug, Args)]
+pub(crate) struct SlurmArgs {
+    /// Run the sweep over a Slurm allocation: one feed and one scheduler per node, the grid
+    /// split over the nodes. Writes a batch script into the sweep's directory (--out, which
+    /// every node must see), submits it with sbatch, follows the job and prints the merged
+    /// report. Ctrl-C asks whether to scancel the job.
+    #[arg(long)]
+    pub(crate) slurm: bool,
+    /// Nodes of the allocation (--slurm).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "slurm")]
+    nodes: u32,
+    /// GPUs per node (--slurm): `--gres=gpu:G`.
+    #[arg(long, value_name = "G", conflicts_with = "gres")]
+    gpus_per_node: Option<u32>,
+    /// The nodes' generic resources as sbatch takes them (--slurm), e.g. `gpu:a100:4`.
+    #[arg(long, value_name = "SPEC")]
+    gres: Option<String>,
+    /// One more sbatch option, as is (repeatable): `--slurm-arg=--partition=gpu
+    /// --slurm-arg=--time=2:00:00`; account, qos, `--requeue`, …
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    slurm_arg: Vec<String>,
+    /// Print the batch script (also written into the sweep directory) and exit: edit it and
+    /// submit it with sbatch yourself if you like.
+    #[arg(long, requires = "slurm")]
+    slurm_dry_run: bool,
+    /// On Ctrl-C or SIGTERM, cancel the job (scancel) without asking.
+    #[arg(long)]
+    cancel_on_exit: bool,
+    /// Submit again the runs of a `--slurm` sweep directory that did not succeed (lost with
+    /// a node, failed, cancelled), into the same directory.
+    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    pub(crate) resume: Option<PathBuf>,
+    /// What the batch script runs on each node: the node's shard of the grid, from Slurm's
+    /// environment (SLURM_NODEID, SLURM_NNODES, SLURMD_NODENAME, the allocated GPUs), with
+    /// its own scheduler; node-local state under ${TMPDIR:-/tmp}/ladle-JOBID-NODE.
+    #[arg(long, conflicts_with = "slurm")]
+    pub(crate) slurm_node: bool,
+}
+
+/// Options of `ladle sweep` that only the submitting side uses (with whether they take a
+/// value): left out of the nodes' command line.
+const SUBMIT_ONLY: [(&str, bool); 10] = [
+    ("--slurm", false),
+    ("--nodes", true),
+    ("--gpus-per-node", true),
+    ("--gres", true),
+    ("--slurm-arg", true),
+    ("--slurm-dry-run", false),
+    ("--cancel-on-exit", false),
+    ("--resume", true),
+    ("--out", true),
+    ("--json", false),
+];
+
+/// The node sweep's options: this invocation's options after `sweep`, less those of the
+/// submitting side, up to `--`.
+fn node_args(argv: &[String]) -> Vec<String> {
+    let mut kept = Vec::new();
+    let mut args = argv.iter().skip_while(|a| *a != "sweep").skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        let name = arg.split_once('=').map_or(arg.as_str(), |(n, _)| n);
+        match SUBMIT_ONLY.iter().find(|(n, _)| *n == name) {
+            Some((_, true)) if !arg.contains('=') => {
+                args.next();
+            }
+            Some(_) => {}
+            None => kept.push(arg.clone()),
+        }
+    }
+    kept
+}
+
+/// Under Slurm: the node's scheduler sees only the GPUs Slurm gave the node.
+pub(crate) fn allocate_gpus(
+    options: &crate::scheduler::DaemonOptions,
+    config: &mut ladle_scheduler::daemon::DaemonConfig,
+) -> anyhow::Result<()> {
+    let allocation = ladle_scheduler::allocation::allocation_from_env(|k| std::env::var(k).ok())
+        .context("reading the GPUs Slurm allocated to this node")?;
+    match allocation {
+        Some(gpus) => config.allocated = Some(gpus),
+        None if options.simulated() => {}
+        None => bail!(
+            "Slurm allocated no GPU to this node (no SLURM_JOB_GPUS or GPU UUIDs in \
+             CUDA_VISIBLE_DEVICES): submit with --gpus-per-node G or --gres gpu:G"
+        ),
+    }
+    Ok(())
+}
+
+pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
+    let flags = crate::sweep::stop_flags()?;
+    let (sweep, manifest) = match &args.slurm.resume {
+        Some(dir) => {
+            let sweep = dir
+                .canonicalize()
+                .with_context(|| format!("--resume {}", dir.display()))?;
+            let mut manifest = Manifest::read(&sweep)?;
+            let done = ledger::succeeded(&[sweep.clone()]);
+            let left: Vec<String> = manifest
+                .runs
+                .iter()
+                .filter(|r| !done.contains(&r.name))
+                .map(|r| r.name.clone())
+                .collect();
+            if left.is_empty() {
+                eprintln!(
+                    "ladle sweep: every run of {} has succeeded: nothing to resume",
+                    sweep.display()
+                );
+                return finish(&sweep, &manifest, args.json);
+            }
+            eprintln!(
+                "ladle sweep: resuming {} of {} runs: {}",
+                left.len(),
+                manifest.runs.len(),
+                left.join(" ")
+            );
+            manifest.script.only = left;
+            (sweep, manifest)
+        }
+        None => {
+            let runs = crate::sweep::all_runs(&args)?;
+            let runs = ladle_sweep::grid::select(runs, &args.only)?;
+            let cwd = std::env::current_dir().context("current directory")?;
+            let out = args.out.clone().unwrap_or_else(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                cwd.join(format!("ladle-sweep-{now}"))
+            });
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let sweep = out.canonicalize().unwrap_or(out);
+            let gpus = match (args.slurm.gpus_per_node, &args.slurm.gres) {
+                (Some(g), _) => GpuRequest::PerNode(g),
+                (None, Some(spec)) => GpuRequest::Gres(spec.clone()),
+                (None, None) => GpuRequest::None,
+            };
+            if args.slurm.nodes == 0 {
+                bail!("--nodes must be at least 1");
+            }
+            let argv: Vec<String> = std::env::args().collect();
+            let script = ScriptSpec {
+                ladle: std::env::current_exe().context("finding the ladle binary")?,
+                sweep: sweep.clone(),
+                cwd,
+                nodes: args.slurm.nodes,
+                gpus,
+                slurm_args: args.slurm.slurm_arg.clone(),
+                node_args: node_args(&argv),
+                command: args.command.clone(),
+                only: Vec::new(),
+            };
+            (
+                sweep,
+                Manifest {
+                    runs,
+                    script,
+                    jobs: Vec::new(),
+                },
+            )
+        }
+    };
+    let text = slurm::script(&manifest.script);
+    let script_path = sweep.join(match manifest.jobs.len() {
+        0 => slurm::SCRIPT.to_owned(),
+        n => format!("resume-{n}.sbatch"),
+    });
+    std::fs::write(&script_path, &text)
+        .with_context(|| format!("writing {}", script_path.display()))?;
+    manifest.write(&sweep)?;
+    if args.slurm.slurm_dry_run {
+        print!("{text}");
+        eprintln!(
+            "ladle sweep: wrote {} (submit it with `sbatch {}`)",
+            script_path.display(),
+            script_path.display()
+        );
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let submitted = Instant::now();
+    let id = slurm::submit(&script_path, &[])?;
+    let mut manifest = manifest;
+    manifest.jobs.push(id.clone());
+    manifest.write(&sweep)?;
+    eprintln!(
+        "ladle sweep: submitted Slurm job {id} ({} runs on {} nodes); cancel it with `scancel {id}`",
+        manifest
+            .script
+            .only
+            .len()
+            .max(if manifest.script.only.is_empty() {
+                manifest.runs.len()
+            } else {
+                0
+            }),
+        manifest.script.nodes
+    );
+    follow(&id, &sweep, &args, &flags, submitted)?;
+    finish(&sweep, &manifest, args.json)
+}
+
+/// Follows job `id` until it ends: its output file's new lines on stderr, its state when it
+/// changes; a stop signal cancels it (--cancel-on-exit), asks (a terminal), or leaves it.
+fn follow(
+    id: &str,
+    sweep: &Path,
+    args: &SweepArgs,
+    flags: &ladle_sweep::engine::StopFlags,
+    submitted: Instant,
+) -> anyhow::Result<()> {
+    let output = sweep.join(format!("slurm-{id}.out"));
+    let mut offset = 0u64;
+    let mut last_state = String::new();
+    let mut cancelled: Option<Instant> = None;
+    loop {
+        let view = slurm::job_view(id)?;
+        offset = print_new_lines(&output, offset);
+        let Some(view) = view else {
+            eprintln!("ladle sweep: Slurm no longer knows job {id}");
+            return Ok(());
+        };
+        if view.state != last_state {
+            let reason = if view.reason.is_empty() || view.reason == "None" {
+                String::new()
+            } else {
+                format!(" ({})", view.reason)
+            };
+            eprintln!(
+                "ladle sweep: job {id} {} on {}{reason} after {:.1} s",
+                view.state,
+                if view.nodes.is_empty() {
+                    "-"
+                } else {
+                    &view.nodes
+                },
+                submitted.elapsed().as_secs_f64()
+            );
+            last_state.clone_from(&view.state);
+        }
+        if view.ended() {
+            print_new_lines(&output, offset);
+            return Ok(());
+        }
+        if flags.stop.load(Ordering::SeqCst) && cancelled.is_none() {
+            if args.slurm.cancel_on_exit || ask(&format!("cancel Slurm job {id} (scancel)?")) {
+                slurm::cancel(id)?;
+                eprintln!("ladle sweep: cancelled job {id}; waiting for it to end");
+                cancelled = Some(Instant::now());
+                flags.stop.store(false, Ordering::SeqCst);
+            } else {
+                eprintln!(
+                    "ladle sweep: job {id} goes on; `scancel {id}` cancels it, \
+                     `ladle report --merge {}` prints its report once it ends",
+                    sweep.display()
+                );
+                bail!("stopped following job {id}");
+            }
+        }
+        if cancelled.is_some_and(|at| at.elapsed() > Duration::from_secs(120)) {
+            bail!("job {id} was cancelled but has not ended after 120 s");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Asks a yes/no question on the terminal; no terminal is a no.
+fn ask(question: &str) -> bool {
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprintln!("ladle sweep: not a terminal, so not cancelling (pass --cancel-on-exit)");
+        return false;
+    }
+    eprint!("\n{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut answer);
+    matches!(answer.trim(), "y" | "Y" | "yes")
+}
+
+/// Prints the whole lines of `path` past `offset` on stderr; returns the new offset.
+fn print_new_lines(path: &Path, offset: u64) -> u64 {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return offset;
+    };
+    if file.seek(std::io::SeekFrom::Start(offset)).is_err() {
+        return offset;
+    }
+    let mut text = String::new();
+    if file.read_to_string(&mut text).is_err() {
+        return offset;
+    }
+    let Some(end) = text.rfind('\n') else {
+        return offset;
+    };
+    eprint!("{}", &text[..=end]);
+    offset + end as u64 + 1
+}
+
+/// Merges the sweep directory's nodes, writes its report and prints it.
+fn finish(sweep: &Path, manifest: &Manifest, json: bool) -> anyhow::Result<std::process::ExitCode> {
+    let nodes = ledger::node_dirs(&[sweep.to_owned()]).with_context(|| {
+        format!(
+            "no node of the sweep reported: see {}",
+            sweep.join("slurm-JOBID.out").display()
+        )
+    })?;
+    let report = ledger::merge(&nodes, Some(&manifest.runs));
+    ledger::write_report(&sweep.join(ledger::REPORT), &report);
+    crate::sweep::print_report(&report, json)?;
+    let ok = report.runs.iter().all(|r| r.exit_code == Some(0));
+    Ok(if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// `ladle report --merge DIR…`: merges sweep directories (a `--slurm` sweep's, or the
+/// `--out` of shards run by hand) into one report, written as DIR/report.json when one
+/// directory is given.
+pub(crate) fn merge(dirs: &[PathBuf], json: bool) -> anyhow::Result<std::process::ExitCode> {
+    let manifest = match dirs {
+        [one] if one.join(slurm::MANIFEST).exists() => Some(Manifest::read(one)?),
+        _ => None,
+    };
+    let nodes = ledger::node_dirs(dirs)?;
+    let report = ledger::merge(&nodes, manifest.as_ref().map(|m| m.runs.as_slice()));
+    if let [one] = dirs
+        && manifest.is_some()
+    {
+        ledger::write_report(&one.join(ledger::REPORT), &report);
+    }
+    crate::sweep::print_report(&report, json)?;
+    let ok = report.runs.iter().all(|r| r.exit_code == Some(0));
+    Ok(if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_nodes_get_every_option_but_the_submitting_sides() {
+        let argv = strings(&[
+            "/bin/ladle",
+            "sweep",
+            "--slurm",
+            "--nodes",
+            "2",
+            "--gpus-per-node=2",
+            "--slurm-arg",
+            "--partition=gpu",
+            "--dataset",
+            "/data",
+            "--out",
+            "/shared/s",
+            "--json",
+            "--gpu",
+            "sim",
+            "--",
+            "train",
+            "--out",
+            "x",
+        ]);
+        assert_eq!(
+            node_args(&argv),
+            strings(&["--dataset", "/data", "--gpu", "sim"])
+        );
+    }
+}

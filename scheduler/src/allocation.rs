@@ -1,0 +1,425 @@
+//! Which of a node's GPUs a daemon may use: the GPUs a Slurm allocation (or a person, with
+//! `ladle scheduler --gpus`) gives it, as [`GpuSelector`]s, and [`allocation_from_env`], which
+//! reads them from a Slurm job's environment.
+//!
+//! The daemon never reads the environment itself ([`crate::daemon::DaemonConfig::allocated`]
+//! is its caller's choice); `ladle sweep --slurm` calls [`allocation_from_env`].
+//!
+//! ## Naming a GPU
+//! - [`GpuSelector::Uuid`]: `GPU-…`, one GPU on any machine and under any renumbering.
+//! - [`GpuSelector::Index`]: the GPU's device-file number, `N` of `/dev/nvidiaN` (NVML's
+//!   *minor number*). That is what Slurm's gres names GPUs by: `SLURM_JOB_GPUS` and
+//!   `SLURM_STEP_GPUS` hold the indices of the gres `File=` devices (`/dev/nvidia[0-3]`), on
+//!   the node, never renumbered. It is not NVML's index (PCI bus order) nor CUDA's (fastest
+//!   first unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`), though the three usually agree.
+//!
+//! ## Where [`allocation_from_env`] looks, and why in this order
+//! 1. `CUDA_VISIBLE_DEVICES` holding UUIDs (`GPU-…`) wins: a UUID is unambiguous whoever set
+//!    it. MIG instances (`MIG-…`) are an error: ladle schedules whole GPUs.
+//! 2. Else `SLURM_STEP_GPUS`, then `SLURM_JOB_GPUS` (a step may hold a subset of its job's
+//!    GPUs): comma-separated node-level indices, as above.
+//! 3. Else, inside a Slurm job (`SLURM_JOB_ID` set), an error: a numeric
+//!    `CUDA_VISIBLE_DEVICES` is **not** used there, because a site that constrains devices
+//!    (cgroup `ConstrainDevices=yes`) renumbers it from 0 inside the job, so `0` may be the
+//!    node's GPU 3; taking it for node indices would schedule GPUs the job does not hold.
+//!    Asking Slurm for GPUs as gres (`--gres=gpu:N`, `--gpus-per-node=N`) sets
+//!    `SLURM_JOB_GPUS`.
+//! 4. Outside Slurm: `Ok(None)`, every GPU of the machine (today's behaviour). A numeric
+//!    `CUDA_VISIBLE_DEVICES` is ignored there too: it counts in CUDA's order, which need
+//!    not be the device files'.
+//!
+//! A variable that is set but empty, Slurm's `NoDevFiles` (gres GPUs without a `File=`
+//! device, so no index names them), or anything else that does not parse is an
+//! [`AllocationError`] naming the variable and its value, never a silent "all GPUs".
+
+use std::fmt;
+
+/// One GPU of an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GpuSelector {
+    /// The GPU whose device file is `/dev/nvidiaN` (NVML's minor number), as Slurm's
+    /// `SLURM_JOB_GPUS` names it.
+    Index(u32),
+    /// The GPU with this UUID (`GPU-…`).
+    Uuid(String),
+}
+
+impl fmt::Display for GpuSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Index(i) => write!(f, "/dev/nvidia{i}"),
+            Self::Uuid(uuid) => f.write_str(uuid),
+        }
+    }
+}
+
+/// An allocation could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocationError {
+    /// A variable (or option) is set to something that names no GPU.
+    #[error("{var}={value:?}: {why}")]
+    Invalid {
+        /// The variable or option, e.g. `SLURM_JOB_GPUS` or `--gpus`.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What is wrong with it and what to do.
+        why: String,
+    },
+    /// MIG instances were given; ladle schedules whole GPUs.
+    #[error(
+        "{var}={value:?} names MIG instances: ladle schedules whole GPUs and does not place \
+         jobs in MIG instances (ask Slurm for whole GPUs)"
+    )]
+    Mig {
+        /// The variable or option.
+        var: String,
+        /// Its value.
+        value: String,
+    },
+    /// Inside a Slurm job, nothing says which of the node's GPUs the job holds.
+    #[error(
+        "Slurm job {job_id}: neither SLURM_STEP_GPUS, SLURM_JOB_GPUS nor GPU UUIDs in \
+         CUDA_VISIBLE_DEVICES (it is {cuda_visible_devices}) say which GPUs this job holds; a \
+         numeric CUDA_VISIBLE_DEVICES is not used, as Slurm may have renumbered it from 0. \
+         Ask for GPUs as gres (`--gres=gpu:N` or `--gpus-per-node=N`), or pass the GPUs \
+         with `--gpus`"
+    )]
+    NoSlurmGpus {
+        /// `SLURM_JOB_ID`.
+        job_id: String,
+        /// `CUDA_VISIBLE_DEVICES` as found, or `unset`.
+        cuda_visible_devices: String,
+    },
+}
+
+/// What a `CUDA_VISIBLE_DEVICES` value holds.
+enum Visible {
+    Uuids(Vec<GpuSelector>),
+    Numeric,
+}
+
+fn invalid(var: &str, value: &str, why: &str) -> AllocationError {
+    AllocationError::Invalid {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        why: why.to_owned(),
+    }
+}
+
+/// The entries of a comma-separated list, trimmed; an error when it is empty or holds an
+/// empty entry, or is Slurm's `NoDevFiles`.
+fn entries<'a>(var: &str, value: &'a str) -> Result<Vec<&'a str>, AllocationError> {
+    if value.trim().is_empty() {
+        return Err(invalid(var, value, "names no GPU"));
+    }
+    if value.trim() == "NoDevFiles" {
+        return Err(invalid(
+            var,
+            value,
+            "Slurm's gres GPUs have no `File=` device on this node (gres.conf), so no device \
+             index names them; ask the site to declare `File=/dev/nvidia[…]`, or pass the GPUs' \
+             UUIDs with `--gpus`",
+        ));
+    }
+    let list: Vec<&str> = value.split(',').map(str::trim).collect();
+    if list.iter().any(|e| e.is_empty()) {
+        return Err(invalid(var, value, "has an empty entry"));
+    }
+    Ok(list)
+}
+
+/// Drops repeated selectors, keeping the first of each.
+fn dedup(list: Vec<GpuSelector>) -> Vec<GpuSelector> {
+    let mut out: Vec<GpuSelector> = Vec::with_capacity(list.len());
+    for s in list {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+fn parse_visible(var: &str, value: &str) -> Result<Visible, AllocationError> {
+    let list = entries(var, value)?;
+    if list.iter().any(|e| e.starts_with("MIG-")) {
+        return Err(AllocationError::Mig {
+            var: var.to_owned(),
+            value: value.to_owned(),
+        });
+    }
+    if list.iter().all(|e| is_uuid(e)) {
+        return Ok(Visible::Uuids(dedup(
+            list.into_iter()
+                .map(|e| GpuSelector::Uuid(e.to_owned()))
+                .collect(),
+        )));
+    }
+    if list.iter().all(|e| e.parse::<u32>().is_ok()) {
+        return Ok(Visible::Numeric);
+    }
+    Err(invalid(
+        var,
+        value,
+        "is neither GPU UUIDs (GPU-…) nor device indices",
+    ))
+}
+
+fn is_uuid(entry: &str) -> bool {
+    entry.strip_prefix("GPU-").is_some_and(|rest| {
+        !rest.is_empty() && rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+    })
+}
+
+fn parse_indices(var: &str, value: &str) -> Result<Vec<GpuSelector>, AllocationError> {
+    let list = entries(var, value)?;
+    list.into_iter()
+        .map(|e| {
+            e.parse::<u32>().map(GpuSelector::Index).map_err(|_| {
+                invalid(
+                    var,
+                    value,
+                    &format!("{e:?} is not a device index (Slurm lists GPUs as 0,1,…)"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(dedup)
+}
+
+/// Parses a list of GPUs as `ladle scheduler --gpus` takes it: comma-separated device
+/// indices (`/dev/nvidiaN`'s `N`) or UUIDs (`GPU-…`), mixed freely; repeats are dropped.
+/// `option` names what the list came from in errors.
+///
+/// # Errors
+/// [`AllocationError::Invalid`] for an empty list or entry, `NoDevFiles`, or an entry that is
+/// neither; [`AllocationError::Mig`] for a MIG instance.
+pub fn parse_gpu_list(option: &str, value: &str) -> Result<Vec<GpuSelector>, AllocationError> {
+    let list = entries(option, value)?;
+    let mut out = Vec::with_capacity(list.len());
+    for e in list {
+        if e.starts_with("MIG-") {
+            return Err(AllocationError::Mig {
+                var: option.to_owned(),
+                value: value.to_owned(),
+            });
+        } else if is_uuid(e) {
+            out.push(GpuSelector::Uuid(e.to_owned()));
+        } else if let Ok(i) = e.parse::<u32>() {
+            out.push(GpuSelector::Index(i));
+        } else {
+            return Err(invalid(
+                option,
+                value,
+                &format!("{e:?} is neither a device index nor a GPU UUID (GPU-…)"),
+            ));
+        }
+    }
+    Ok(dedup(out))
+}
+
+/// The GPUs this process was allocated, read through `get` (`|k| std::env::var(k).ok()` in
+/// production, a map in tests), in the order of the module docs: `CUDA_VISIBLE_DEVICES`
+/// UUIDs, else `SLURM_STEP_GPUS`, else `SLURM_JOB_GPUS`; `Ok(None)` outside Slurm when
+/// nothing names GPUs (use every GPU).
+///
+/// # Errors
+/// [`AllocationError`] for a variable that is set but names no GPU (empty, `NoDevFiles`,
+/// unparsable, MIG), and [`AllocationError::NoSlurmGpus`] inside a Slurm job whose GPUs
+/// nothing names unambiguously.
+pub fn allocation_from_env(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Vec<GpuSelector>>, AllocationError> {
+    const CVD: &str = "CUDA_VISIBLE_DEVICES";
+    let visible = get(CVD);
+    if let Some(value) = &visible
+        && let Visible::Uuids(uuids) = parse_visible(CVD, value)?
+    {
+        return Ok(Some(uuids));
+    }
+    for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
+        if let Some(value) = get(var) {
+            return parse_indices(var, &value).map(Some);
+        }
+    }
+    match get("SLURM_JOB_ID") {
+        Some(job_id) => Err(AllocationError::NoSlurmGpus {
+            job_id,
+            cuda_visible_devices: visible.map_or_else(|| "unset".to_owned(), |v| format!("{v:?}")),
+        }),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Option<Vec<GpuSelector>>, AllocationError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        allocation_from_env(|k| map.get(k).cloned())
+    }
+
+    fn uuid(s: &str) -> GpuSelector {
+        GpuSelector::Uuid(s.to_owned())
+    }
+
+    #[test]
+    fn outside_slurm_with_nothing_set_every_gpu_is_used() {
+        assert_eq!(from(&[]), Ok(None));
+    }
+
+    #[test]
+    fn outside_slurm_a_numeric_cuda_visible_devices_is_ignored() {
+        assert_eq!(from(&[("CUDA_VISIBLE_DEVICES", "1,2")]), Ok(None));
+    }
+
+    #[test]
+    fn uuids_in_cuda_visible_devices_win_over_slurm_indices() {
+        let got = from(&[
+            ("CUDA_VISIBLE_DEVICES", "GPU-aa11-bb22, GPU-cc33"),
+            ("SLURM_JOB_GPUS", "0,1"),
+            ("SLURM_JOB_ID", "42"),
+        ]);
+        assert_eq!(got, Ok(Some(vec![uuid("GPU-aa11-bb22"), uuid("GPU-cc33")])));
+    }
+
+    #[test]
+    fn uuids_in_cuda_visible_devices_are_used_outside_slurm_too() {
+        let got = from(&[("CUDA_VISIBLE_DEVICES", "GPU-0f")]);
+        assert_eq!(got, Ok(Some(vec![uuid("GPU-0f")])));
+    }
+
+    #[test]
+    fn mig_instances_in_cuda_visible_devices_are_an_error_naming_the_variable() {
+        let got = from(&[
+            ("CUDA_VISIBLE_DEVICES", "MIG-4b3f-11"),
+            ("SLURM_JOB_GPUS", "0"),
+        ]);
+        let err = got.unwrap_err();
+        assert!(matches!(err, AllocationError::Mig { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("CUDA_VISIBLE_DEVICES") && text.contains("MIG-4b3f-11"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_step_gpus_come_before_the_job_gpus() {
+        let got = from(&[
+            ("SLURM_STEP_GPUS", "2"),
+            ("SLURM_JOB_GPUS", "2,3"),
+            ("SLURM_JOB_ID", "42"),
+        ]);
+        assert_eq!(got, Ok(Some(vec![GpuSelector::Index(2)])));
+    }
+
+    #[test]
+    fn the_job_gpus_are_node_indices_kept_as_slurm_wrote_them() {
+        // A numeric CUDA_VISIBLE_DEVICES renumbered from 0 by ConstrainDevices is not used.
+        let got = from(&[
+            ("SLURM_JOB_GPUS", "2,3"),
+            ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ("SLURM_JOB_ID", "42"),
+        ]);
+        assert_eq!(
+            got,
+            Ok(Some(vec![GpuSelector::Index(2), GpuSelector::Index(3)]))
+        );
+    }
+
+    #[test]
+    fn a_slurm_job_with_only_a_numeric_cuda_visible_devices_is_told_how_to_ask_for_gpus() {
+        let err = from(&[("SLURM_JOB_ID", "42"), ("CUDA_VISIBLE_DEVICES", "0,1")]).unwrap_err();
+        assert!(
+            matches!(err, AllocationError::NoSlurmGpus { .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("42") && text.contains("\"0,1\"") && text.contains("--gres=gpu:N"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_slurm_job_without_any_gpu_variable_is_an_error() {
+        let err = from(&[("SLURM_JOB_ID", "7")]).unwrap_err();
+        assert!(err.to_string().contains("it is unset"), "{err}");
+    }
+
+    #[test]
+    fn empty_values_are_errors_naming_the_variable() {
+        for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
+            let err = from(&[(var, "")]).unwrap_err();
+            assert!(
+                matches!(&err, AllocationError::Invalid { var: v, .. } if v == var),
+                "{err:?}"
+            );
+        }
+        let err = from(&[("SLURM_JOB_GPUS", "0,,1")]).unwrap_err();
+        assert!(err.to_string().contains("empty entry"), "{err}");
+    }
+
+    #[test]
+    fn no_dev_files_is_an_error_that_says_what_slurm_lacks() {
+        for var in ["CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS"] {
+            let err = from(&[(var, "NoDevFiles"), ("SLURM_JOB_ID", "1")]).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(var) && text.contains("File="), "{text}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_the_variable_and_its_value() {
+        let err = from(&[("SLURM_JOB_GPUS", "0,gpu1")]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("SLURM_JOB_GPUS") && text.contains("gpu1"),
+            "{text}"
+        );
+        let err = from(&[("CUDA_VISIBLE_DEVICES", "0,GPU-aa")]).unwrap_err();
+        assert!(err.to_string().contains("CUDA_VISIBLE_DEVICES"), "{err}");
+        let err = from(&[("CUDA_VISIBLE_DEVICES", "GPU-")]).unwrap_err();
+        assert!(matches!(err, AllocationError::Invalid { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn repeated_gpus_count_once() {
+        let got = from(&[("SLURM_JOB_GPUS", "1,1,0")]);
+        assert_eq!(
+            got,
+            Ok(Some(vec![GpuSelector::Index(1), GpuSelector::Index(0)]))
+        );
+    }
+
+    #[test]
+    fn a_gpu_list_mixes_indices_and_uuids() {
+        assert_eq!(
+            parse_gpu_list("--gpus", "0, GPU-ab,3"),
+            Ok(vec![
+                GpuSelector::Index(0),
+                uuid("GPU-ab"),
+                GpuSelector::Index(3)
+            ])
+        );
+        for bad in ["", "0,x", "MIG-1", "-1"] {
+            let err = parse_gpu_list("--gpus", bad).unwrap_err();
+            assert!(err.to_string().starts_with("--gpus="), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_selector_displays_as_its_device_file_or_uuid() {
+        assert_eq!(GpuSelector::Index(3).to_string(), "/dev/nvidia3");
+        assert_eq!(uuid("GPU-ab").to_string(), "GPU-ab");
+    }
+}

@@ -1,0 +1,374 @@
+//! Smoke tests of the Slurm harness (`ladle_tests::slurm`): a real two-node cluster on this
+//! machine, and the Slurm behaviour `ladle sweep --slurm` builds on. Every test skips (saying
+//! why) where the cluster cannot run: no Slurm packages, not root.
+//!
+//! FACTS
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ladle_procs::{Proc, Signal};
+use ladle_tests::slurm::{COMMAND_TIMEOUT, Cluster, JobId, SlurmError, processes_of};
+
+/// Deadlock guard for one job or one child process; never a speed assertion.
+const GUARD: Duration = Duration::from_secs(120);
+
+/// Prints, on one line, the node, and the GPU variables Slurm set (or `unset`).
+const SHOW_GPU_VARS: &str = r#"echo "$1 $SLURMD_NODENAME node_id=${SLURM_NODEID-unset} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} SLURM_JOB_GPUS=${SLURM_JOB_GPUS-unset} SLURM_STEP_GPUS=${SLURM_STEP_GPUS-unset}"
+"#;
+
+/// Writes [`SHOW_GPU_VARS`] to the submit directory; returns its path.
+fn show_gpu_vars(cluster: &Cluster) -> PathBuf {
+    let path = cluster.submit_dir().join("show-gpu-vars.sh");
+    std::fs::write(&path, SHOW_GPU_VARS).unwrap();
+    path
+}
+
+/// A job's output once it has finished (state `expected`).
+fn finished_output(cluster: &Cluster, job: JobId, expected: &str) -> String {
+    let state = cluster.wait_job_end(job, GUARD).unwrap();
+    let out = std::fs::read_to_string(cluster.default_output(job)).unwrap_or_default();
+    assert_eq!(state, expected, "job {job}; output:\n{out}");
+    out
+}
+
+/// Its lines, sorted.
+fn sorted_lines(text: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    lines
+}
+
+/// Waits until `path` exists.
+fn wait_for_file(path: &Path, what: &str) {
+    let deadline = Instant::now() + GUARD;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn both_nodes_come_up_idle_with_two_gpus_each() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let states = cluster.node_states().unwrap();
+    assert_eq!(
+        states.into_iter().collect::<Vec<_>>(),
+        [("n1".into(), "idle".into()), ("n2".into(), "idle".into())]
+    );
+    let gres = cluster
+        .run_ok("sinfo", &["-h", "-N", "-o", "%N %G"], COMMAND_TIMEOUT)
+        .unwrap();
+    assert_eq!(sorted_lines(&gres), ["n1 gpu:2", "n2 gpu:2"]);
+    assert_eq!(cluster.node_names(), ["n1", "n2"]);
+}
+
+#[test]
+fn srun_on_both_nodes_gives_each_task_its_node_and_both_of_its_gpus() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let show = show_gpu_vars(cluster);
+    let out = cluster
+        .run_ok(
+            "srun",
+            &[
+                "-N2",
+                "-n2",
+                "--ntasks-per-node=1",
+                "--gres=gpu:2",
+                "sh",
+                show.to_str().unwrap(),
+                "srun",
+            ],
+            GUARD,
+        )
+        .unwrap();
+    eprintln!("{out}");
+    assert_eq!(
+        sorted_lines(&out),
+        [
+            "srun n1 node_id=0 CUDA_VISIBLE_DEVICES=0,1 SLURM_JOB_GPUS=unset SLURM_STEP_GPUS=0,1",
+            "srun n2 node_id=1 CUDA_VISIBLE_DEVICES=0,1 SLURM_JOB_GPUS=unset SLURM_STEP_GPUS=0,1",
+        ]
+    );
+}
+
+#[test]
+fn a_batch_script_sees_its_gpus_in_two_variables_and_its_srun_step_in_three() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let show = show_gpu_vars(cluster);
+    let show = show.display();
+    let script =
+        format!("sh {show} batch\nsrun -n \"$SLURM_NNODES\" --ntasks-per-node=1 sh {show} step\n");
+    let job = cluster
+        .sbatch(&["--nodes=2", "--gres=gpu:2"], &script)
+        .unwrap();
+    let out = finished_output(cluster, job, "COMPLETED");
+    eprintln!("{out}");
+    assert_eq!(
+        sorted_lines(&out),
+        [
+            "batch n1 node_id=0 CUDA_VISIBLE_DEVICES=0,1 SLURM_JOB_GPUS=0,1 SLURM_STEP_GPUS=unset",
+            "step n1 node_id=0 CUDA_VISIBLE_DEVICES=0,1 SLURM_JOB_GPUS=0,1 SLURM_STEP_GPUS=0,1",
+            "step n2 node_id=1 CUDA_VISIBLE_DEVICES=0,1 SLURM_JOB_GPUS=0,1 SLURM_STEP_GPUS=0,1",
+        ]
+    );
+}
+
+#[test]
+fn asking_for_more_nodes_than_the_cluster_has_is_refused_at_submission() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    match cluster.sbatch(&["--nodes=3"], "true") {
+        Err(SlurmError::Failed { stderr, .. }) => assert_eq!(
+            stderr.trim(),
+            "sbatch: error: Batch job submission failed: Node count specification invalid"
+        ),
+        other => panic!("sbatch --nodes=3: {other:?}"),
+    }
+    let srun = cluster.run("srun", &["-N3", "true"], GUARD).unwrap();
+    assert!(!srun.status.success());
+    assert_eq!(
+        srun.stderr.trim(),
+        "srun: error: Unable to allocate resources: Node count specification invalid"
+    );
+    assert_eq!(cluster.active_jobs().unwrap(), []);
+}
+
+#[test]
+fn a_node_set_down_stays_down_holding_back_two_node_jobs_until_it_is_resumed() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    cluster.set_node_state("n2", "down", "test").unwrap();
+    let job = cluster.sbatch(&["--nodes=2"], "true").unwrap();
+    let deadline = Instant::now() + GUARD;
+    let reason = loop {
+        let fields = cluster.job_fields(job).unwrap().unwrap();
+        if fields["Reason"] != "None" {
+            assert_eq!(fields["JobState"], "PENDING");
+            break fields["Reason"].clone();
+        }
+        assert!(Instant::now() < deadline, "job {job} never got a reason");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        reason,
+        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions"
+    );
+    // srun waits for ever for a down node: the bounded runner stops it.
+    let blocked = cluster.run("srun", &["-N2", "true"], Duration::from_secs(3));
+    assert!(
+        matches!(blocked, Err(SlurmError::Timeout { .. })),
+        "{blocked:?}"
+    );
+    // Still down (ReturnToService=1: with 2 it would be back by now).
+    assert_eq!(cluster.node_states().unwrap()["n2"], "down");
+    cluster.set_node_state("n2", "resume", "").unwrap();
+    finished_output(cluster, job, "COMPLETED");
+    cluster
+        .wait_nodes("both nodes idle", GUARD, |_, s| s == "idle")
+        .unwrap();
+}
+
+/// Submits, on both nodes, a job whose step sleeps for a minute on each, and waits until both
+/// tasks run; the script then reports what srun did and runs a second step.
+fn start_two_node_step(cluster: &Cluster, extra: &[&str]) -> JobId {
+    let script = r#"echo "batch on $SLURMD_NODENAME"
+srun -n "$SLURM_NNODES" --ntasks-per-node=1 sh -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME started"; touch "$SLURM_SUBMIT_DIR/step-$SLURM_JOB_ID-$SLURMD_NODENAME"; sleep 60; echo "task $SLURM_PROCID on $SLURMD_NODENAME finished"'
+echo "srun exited $?"
+echo "job nodes now $(squeue -h -j "$SLURM_JOB_ID" -o %N)"
+srun -n 1 sh -c 'echo "second step on $SLURMD_NODENAME"'
+echo "second srun exited $?"
+"#;
+    let args = [extra, &["--nodes=2", "--gres=gpu:2"]].concat();
+    let job = cluster.sbatch(&args, script).unwrap();
+    for node in ["n1", "n2"] {
+        let marker = cluster.submit_dir().join(format!("step-{job}-{node}"));
+        wait_for_file(&marker, &format!("job {job}'s task on {node}"));
+    }
+    job
+}
+
+#[test]
+fn taking_a_node_down_under_a_no_kill_job_kills_its_whole_step_and_the_script_goes_on_on_the_other_node()
+ {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let job = start_two_node_step(cluster, &["--no-kill"]);
+    cluster.set_node_state("n2", "down", "test").unwrap();
+    let out = finished_output(cluster, job, "COMPLETED");
+    eprintln!("{out}");
+    let fields = cluster.job_fields(job).unwrap().unwrap();
+    eprintln!(
+        "NodeList={} NumNodes={}",
+        fields["NodeList"], fields["NumNodes"]
+    );
+    assert!(
+        cluster.job_processes().is_empty(),
+        "{:?}",
+        cluster.job_processes()
+    );
+}
+
+#[test]
+fn taking_a_node_down_under_an_ordinary_job_ends_the_job() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let job = start_two_node_step(cluster, &[]);
+    cluster.set_node_state("n2", "down", "test").unwrap();
+    let state = cluster.wait_job_end(job, GUARD).unwrap();
+    let out = std::fs::read_to_string(cluster.default_output(job)).unwrap_or_default();
+    eprintln!("state {state}\n{out}");
+    let fields = cluster.job_fields(job).unwrap().unwrap();
+    eprintln!("{fields:?}");
+}
+
+/// One child cluster at a time (they share the next harness instance).
+static CHILD_CLUSTERS: Mutex<()> = Mutex::new(());
+
+/// Environment of the child test binary of the cleanup tests: what to do, and where to say
+/// that its cluster runs.
+const CHILD_MODE: &str = "LADLE_SLURM_CLEANUP_CHILD";
+const CHILD_REPORT: &str = "LADLE_SLURM_CLEANUP_REPORT";
+
+/// Runs in a child test binary started by the two cleanup tests below (and does nothing when
+/// run otherwise): starts its own cluster (the next harness instance, so its own ports and
+/// lock), runs a job with a step sleeping on both nodes and a process that double-forks out
+/// of its batch step, reports the cluster's directory, then panics or hangs.
+#[test]
+#[ignore = "a helper: the cleanup tests run it in a child process"]
+fn cleanup_child_starts_a_cluster_with_a_job_then_panics_or_hangs() {
+    let Ok(mode) = std::env::var(CHILD_MODE) else {
+        return;
+    };
+    let report = PathBuf::from(std::env::var(CHILD_REPORT).unwrap());
+    let cluster = Cluster::shared().expect("the child's cluster starts");
+    let _serial = cluster.lock();
+    cluster
+        .sbatch(
+            &["--nodes=2"],
+            "(sleep 601 &)\nsrun -n 2 --ntasks-per-node=1 sleep 600\n",
+        )
+        .unwrap();
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let procs = cluster.job_processes();
+        let count = |c: &str| procs.iter().filter(|(_, l)| l == c).count();
+        if count("sleep 600") == 2 && count("sleep 601") == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the job never ran: {procs:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tmp = report.with_extension("tmp");
+    std::fs::write(&tmp, cluster.dir().display().to_string()).unwrap();
+    std::fs::rename(&tmp, &report).unwrap();
+    if mode == "panic" {
+        panic!("a deliberate failure: the binary exits 101 and its cluster must go with it");
+    }
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// Starts the child test binary in `mode`; returns it and its cluster's directory once its
+/// job runs.
+fn start_cleanup_child(mode: &str, scratch: &Path) -> (Proc, PathBuf) {
+    let instance: u16 = std::env::var("LADLE_SLURM_INSTANCE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let report = scratch.join("cluster-dir");
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "cleanup_child_starts_a_cluster_with_a_job_then_panics_or_hangs",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("LADLE_SLURM_INSTANCE", (instance + 1).to_string())
+        .env(CHILD_MODE, mode)
+        .env(CHILD_REPORT, &report);
+    let mut child = Proc::spawn("child test binary", &mut command).unwrap();
+    let deadline = Instant::now() + GUARD;
+    while !report.exists() {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.output().unwrap();
+            panic!("the child exited early: {}\n{}", out.stdout, out.stderr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child's cluster never ran its job"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir = PathBuf::from(std::fs::read_to_string(&report).unwrap());
+    let procs = processes_of(&dir);
+    assert!(
+        procs.iter().any(|(_, l)| l == "sleep 600")
+            && procs.iter().any(|(_, l)| l.starts_with("slurmctld")),
+        "{procs:?}"
+    );
+    (child, dir)
+}
+
+#[test]
+fn a_test_binary_that_fails_has_stopped_its_cluster_and_its_jobs_when_it_exits() {
+    let Some(_) = Cluster::shared() else { return };
+    let _one = CHILD_CLUSTERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let scratch = tempfile::tempdir().unwrap();
+    let (mut child, dir) = start_cleanup_child("panic", scratch.path());
+    let status = child.wait_timeout(GUARD).unwrap();
+    let out = child.output().unwrap();
+    assert_eq!(status.code(), Some(101), "{}\n{}", out.stdout, out.stderr);
+    // At once: the atexit handler finished before the process was gone.
+    assert_eq!(processes_of(&dir), [], "left behind");
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+#[test]
+fn a_test_binary_killed_with_sigkill_has_its_cluster_and_jobs_killed_by_the_watchdog() {
+    let Some(_) = Cluster::shared() else { return };
+    let _one = CHILD_CLUSTERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let scratch = tempfile::tempdir().unwrap();
+    let (mut child, dir) = start_cleanup_child("hang", scratch.path());
+    child.signal(Signal::KILL).unwrap();
+    child.wait_timeout(GUARD).unwrap();
+    let deadline = Instant::now() + GUARD;
+    while !processes_of(&dir).is_empty() || dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {:?}, directory there: {}",
+            processes_of(&dir),
+            dir.exists()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
