@@ -22,8 +22,8 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Args)]
 pub(crate) struct DirArg {
-    /// The scheduler's state directory (socket `scheduler.sock`, journal, job logs, MPS
-    /// pipes). Default: $LADLE_SCHEDULER_DIR, else $XDG_STATE_HOME/ladle/scheduler, else
+    /// The scheduler's state directory (socket `scheduler.sock`, journal, job logs unless
+    /// --log-dir, MPS pipes). Default: $LADLE_SCHEDULER_DIR, else $XDG_STATE_HOME/ladle/scheduler, else
     /// ~/.local/state/ladle/scheduler.
     #[arg(long)]
     pub(crate) dir: Option<PathBuf>,

@@ -17,6 +17,13 @@ pub const SOCKET_ENV: &str = "LADLE_SOCKET";
 /// [`name`](ConsumerConfig::name), so the producer's logs say which run is which.
 pub const RUN_ENV: &str = "LADLE_RUN";
 
+/// The environment variable that makes a consumer wait for its feed's socket to appear:
+/// seconds (e.g. `60`). `ladle sweep` sets it for its runs, whose feed may still be starting
+/// (a node of a Slurm sweep). When it is set, [`ConsumerConfig::default`] takes it as the
+/// [`connect_timeout`](ConsumerConfig::connect_timeout); unset, empty or not a number of
+/// seconds (a warning says so), a missing socket stays an immediate error.
+pub const CONNECT_TIMEOUT_ENV: &str = "LADLE_CONNECT_TIMEOUT";
+
 /// How a consumer reads: its batch size, whether it drops the partial last batch, and how
 /// many batches it may hold at once. `Default` gives batches of 32, the partial batch kept,
 /// and the name `$LADLE_RUN` ([`RUN_ENV`]) or else `consumer-<pid>`.
@@ -40,6 +47,11 @@ pub struct ConsumerConfig {
     pub max_batches_held: usize,
     /// How long the producer may take to answer `Hello` (default 10 s).
     pub handshake_timeout: Duration,
+    /// How long [`Consumer::connect`](crate::Consumer::connect) waits for a socket that
+    /// does not exist yet (default: `$LADLE_CONNECT_TIMEOUT` seconds, see
+    /// [`CONNECT_TIMEOUT_ENV`], else zero: a missing socket is an immediate error). A socket
+    /// that exists with no producer behind it is always an immediate error.
+    pub connect_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -50,6 +62,30 @@ impl Default for ConsumerConfig {
             name: default_name(std::env::var_os(RUN_ENV).as_deref()),
             max_batches_held: 8,
             handshake_timeout: Duration::from_secs(10),
+            connect_timeout: connect_timeout(std::env::var_os(CONNECT_TIMEOUT_ENV).as_deref()),
+        }
+    }
+}
+
+/// The default connect timeout, given the value of [`CONNECT_TIMEOUT_ENV`]: that many
+/// seconds when it is a non-negative number, else zero (with a warning unless unset or empty).
+fn connect_timeout(value: Option<&OsStr>) -> Duration {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Duration::ZERO;
+    };
+    let text = value.to_string_lossy();
+    match text
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    {
+        Some(timeout) => timeout,
+        None => {
+            tracing::warn!(
+                "{CONNECT_TIMEOUT_ENV}={text:?} is not a number of seconds: not waiting for the socket"
+            );
+            Duration::ZERO
         }
     }
 }
@@ -85,6 +121,23 @@ mod tests {
         let fallback = format!("consumer-{}", std::process::id());
         assert_eq!(default_name(Some(OsStr::new(""))), fallback);
         assert_eq!(default_name(None), fallback);
+    }
+
+    #[test]
+    fn the_connect_timeout_comes_from_the_variable_in_seconds_and_garbage_waits_not() {
+        assert_eq!(connect_timeout(None), Duration::ZERO);
+        assert_eq!(connect_timeout(Some(OsStr::new(""))), Duration::ZERO);
+        assert_eq!(
+            connect_timeout(Some(OsStr::new("60"))),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            connect_timeout(Some(OsStr::new(" 0.5 "))),
+            Duration::from_millis(500)
+        );
+        for bad in ["-1", "soon", "inf", "NaN"] {
+            assert_eq!(connect_timeout(Some(OsStr::new(bad))), Duration::ZERO, "{bad}");
+        }
     }
 
     #[test]

@@ -201,6 +201,21 @@ enum Delivery {
     Void,
 }
 
+/// Connects to `socket`, retrying for up to `wait` while no file exists there yet (a feed
+/// still starting); any other error, a refused connection included, is returned at once.
+fn connect_waiting(socket: &Path, wait: Duration) -> std::io::Result<UnixStream> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match UnixStream::connect(socket) {
+            Err(e) if e.kind() == ErrorKind::NotFound && std::time::Instant::now() < deadline => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                std::thread::sleep(left.min(Duration::from_millis(50)));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Consumer {
     /// Connects to the producer listening on `socket`, checks that it runs as our user, says
     /// `Hello` and maps the ring it hands over.
@@ -217,10 +232,17 @@ impl Consumer {
         if config.max_batches_held == 0 {
             return Err(ConnectError::ZeroMaxBatchesHeld { socket });
         }
-        let sock = match UnixStream::connect(&socket) {
+        let started = std::time::Instant::now();
+        let sock = match connect_waiting(&socket, config.connect_timeout) {
             Ok(sock) => sock,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
+            Err(e) if e.kind() == ErrorKind::NotFound && config.connect_timeout.is_zero() => {
                 return Err(ConnectError::SocketMissing { socket });
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(ConnectError::SocketNeverAppeared {
+                    socket,
+                    waited: started.elapsed(),
+                });
             }
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
                 return Err(ConnectError::NoProducer { socket });

@@ -42,6 +42,16 @@ pub enum ConnectError {
         /// The control socket.
         socket: PathBuf,
     },
+    /// No socket appeared at the path within the connect timeout
+    /// ([`ConsumerConfig::connect_timeout`](crate::ConsumerConfig::connect_timeout), e.g.
+    /// from `LADLE_CONNECT_TIMEOUT`).
+    #[error("{}: no such socket after waiting {:.1} s for it (LADLE_CONNECT_TIMEOUT); did the feed start, and is this its socket?", socket.display(), waited.as_secs_f64())]
+    SocketNeverAppeared {
+        /// The control socket.
+        socket: PathBuf,
+        /// How long the consumer waited.
+        waited: std::time::Duration,
+    },
     /// The socket file exists but nobody accepts connections on it (`ECONNREFUSED`): the
     /// producer exited or crashed and left its socket file behind, or the path is not a
     /// socket.

@@ -130,7 +130,7 @@ pub mod cuda;
 mod error;
 mod fields;
 
-pub use config::{ConsumerConfig, RUN_ENV, SOCKET_ENV};
+pub use config::{CONNECT_TIMEOUT_ENV, ConsumerConfig, RUN_ENV, SOCKET_ENV};
 pub use consumer::{
     Batch, BatchOf, Consumer, Epoch, EpochOf, MAX_DATASET_LEN, SharedBatch, SharedEpoch,
 };

@@ -349,6 +349,68 @@ fn a_stale_socket_file_without_a_listener_is_no_producer() {
 }
 
 #[test]
+fn with_a_connect_timeout_a_consumer_waits_for_a_socket_that_appears_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("later.sock");
+    let (asked, asking) = std::sync::mpsc::channel();
+    let connecting = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let config = ConsumerConfig {
+                connect_timeout: Duration::from_secs(60),
+                ..config(32)
+            };
+            asked.send(()).unwrap();
+            Consumer::connect(&path, config)
+        })
+    };
+    asking.recv().unwrap();
+    // The feed starts only now (its own socket, then the one the consumer asked for).
+    let producer = TestProducer::start(Behaviour::serve(100, 0));
+    std::os::unix::fs::symlink(producer.socket(), &path).unwrap();
+    let consumer = connecting.join().unwrap().unwrap();
+    assert_eq!(consumer.dataset().len, 100);
+}
+
+#[test]
+fn a_socket_that_never_appears_is_an_error_naming_it_and_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("never.sock");
+    let config = ConsumerConfig {
+        connect_timeout: Duration::from_millis(300),
+        ..config(32)
+    };
+    let err = Consumer::connect(&path, config).unwrap_err();
+    assert!(
+        matches!(&err, ConnectError::SocketNeverAppeared { socket, waited }
+            if *socket == path && *waited >= Duration::from_millis(300)),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&*path.to_string_lossy()) && text.contains("LADLE_CONNECT_TIMEOUT"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_stale_socket_is_no_producer_at_once_even_with_a_connect_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let config = ConsumerConfig {
+        // A consumer that retried a refused connection would hang here for an hour.
+        connect_timeout: Duration::from_secs(3600),
+        ..config(32)
+    };
+    let err = Consumer::connect(&path, config).unwrap_err();
+    assert!(
+        matches!(&err, ConnectError::NoProducer { socket } if *socket == path),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn batch_sizes_of_zero_or_above_half_the_ring_are_refused() {
     let producer = TestProducer::start(Behaviour::serve(100, 0));
     let too_big = (CAPACITY / 2) as u32 + 1;

@@ -82,8 +82,9 @@ pub enum JobState {
     },
     /// Cancelled by `ladle cancel`.
     Cancelled,
-    /// Its process vanished while the scheduler was down, with no exit status recorded: it
-    /// ran (at least partly) and is not run again.
+    /// Its process vanished while the scheduler was down, with no exit status recorded, or
+    /// the scheduler stopped it when it stopped itself (`DaemonConfig::stop_jobs`): it ran
+    /// (at least partly) and is not run again.
     Interrupted {
         /// What is known.
         reason: String,

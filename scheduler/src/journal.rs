@@ -27,7 +27,8 @@ pub enum Outcome {
     OutOfMemory,
     /// Ended by `ladle cancel`.
     Cancelled,
-    /// The process vanished while the daemon was down, exit status unknown.
+    /// The process vanished while the daemon was down, exit status unknown; or the daemon
+    /// took it down when it stopped (`DaemonConfig::stop_jobs`). Not run again.
     Interrupted,
 }
 

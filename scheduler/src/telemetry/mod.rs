@@ -44,6 +44,12 @@
 //! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` keyed by UUID on a machine with two or more GPUs,
 //!   a job on the second GPU (where an ordinal would be ambiguous), and whether `M` means
 //!   MiB or MB (allocate up to the limit and read where it fails).
+//! - An allocation ([`NvmlOptions::allocated`]) on a machine with several GPUs: an index
+//!   keeps the GPU of that `/dev/nvidiaN` (minor number, not NVML's index), the kept GPUs are
+//!   sampled by their NVML index, and an MPS control daemon started with their UUIDs in
+//!   `CUDA_VISIBLE_DEVICES` serves clients that name them by UUID. The unit tests cover the
+//!   matching and the environment only; `scheduler/tests/daemon_slurm.rs` checks the UUID
+//!   and device-file selection where a driver is present.
 //! - OOM markers from real TensorFlow and JAX jobs under an MPS limit (the verbatim texts in
 //!   the tests come from their issue trackers, not from runs on this machine).
 
@@ -61,7 +67,8 @@ pub use self::sim::{SimCall, SimGpuScenario, SimGpus, SimLoad, SimProcess, SimSc
 /// What the scheduler knows about one GPU that does not change while it runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuInfo {
-    /// Index as NVML (and `nvidia-smi`) number it.
+    /// Index as NVML (and `nvidia-smi`) number it. Under an allocation the backend's GPUs
+    /// are numbered `0..k` by position (what jobs' `gpus` name) and this stays NVML's.
     pub index: u32,
     /// `GPU-…` UUID, what a job gets in `CUDA_VISIBLE_DEVICES`.
     pub uuid: String,

@@ -16,6 +16,11 @@
 //! processes unknown ([`GpuSample::gpu_processes`] `None`) and a failed GPM or DCGM read
 //! leaves the compute metrics unknown, each with a [`SampleGap`] ([`super`] has the rules).
 //!
+//! With an allocation ([`NvmlOptions::allocated`], [`crate::allocation`]) only the GPUs it
+//! names are kept: by device file (`/dev/nvidiaN`, NVML's minor number, which Slurm's gres
+//! indices name) or by UUID. The backend's GPUs are then `0..k` in NVML's order, each
+//! [`GpuInfo::index`] still NVML's, and every query goes to that NVML index.
+//!
 //! ladle never changes compute mode, clocks, persistence or MIG; [`GpuInfo::unsuitable`]
 //! and [`GpuInfo::compute_mode`] report what stands in the way instead.
 
