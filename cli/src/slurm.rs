@@ -115,7 +115,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
                 .canonicalize()
                 .with_context(|| format!("--resume {}", dir.display()))?;
             let mut manifest = Manifest::read(&sweep)?;
-            let done = ledger::succeeded(&[sweep.clone()]);
+            let done = ledger::succeeded(std::slice::from_ref(&sweep));
             let left: Vec<String> = manifest
                 .runs
                 .iter()
@@ -202,17 +202,12 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
     let mut manifest = manifest;
     manifest.jobs.push(id.clone());
     manifest.write(&sweep)?;
+    let count = match manifest.script.only.len() {
+        0 => manifest.runs.len(),
+        only => only,
+    };
     eprintln!(
-        "ladle sweep: submitted Slurm job {id} ({} runs on {} nodes); cancel it with `scancel {id}`",
-        manifest
-            .script
-            .only
-            .len()
-            .max(if manifest.script.only.is_empty() {
-                manifest.runs.len()
-            } else {
-                0
-            }),
+        "ladle sweep: submitted Slurm job {id} ({count} runs on {} nodes); cancel it with `scancel {id}`",
         manifest.script.nodes
     );
     follow(&id, &sweep, &args, &flags, submitted)?;

@@ -199,7 +199,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         },
     };
     let done = match &node {
-        Some(_) => ladle_sweep::ledger::succeeded(&[base.clone()]),
+        Some(_) => ladle_sweep::ledger::succeeded(std::slice::from_ref(&base)),
         None => Default::default(),
     };
     let (dataset, producer) = args.feed.open(state.join("feed.sock"))?;

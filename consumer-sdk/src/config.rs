@@ -136,7 +136,11 @@ mod tests {
             Duration::from_millis(500)
         );
         for bad in ["-1", "soon", "inf", "NaN"] {
-            assert_eq!(connect_timeout(Some(OsStr::new(bad))), Duration::ZERO, "{bad}");
+            assert_eq!(
+                connect_timeout(Some(OsStr::new(bad))),
+                Duration::ZERO,
+                "{bad}"
+            );
         }
     }
 
