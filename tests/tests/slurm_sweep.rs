@@ -1,0 +1,314 @@
+//! `ladle sweep --slurm` on a real two-node Slurm cluster (issue 25): the grid split over the
+//! nodes, one feed and one scheduler per node, the merged report, a dry-run script Slurm
+//! accepts, `scancel` leaving nothing behind, a node lost mid-sweep and the resume, and a
+//! request Slurm cannot meet. Each test skips, saying so, when Slurm is not installed
+//! (`scripts/check` installs it) or the cluster cannot come up.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ladle_procs::Proc;
+use ladle_tests::slurm::Cluster;
+use ladle_tests::{Fixture, ladle_bin};
+use serde_json::Value;
+
+const GUARD: Duration = Duration::from_secs(300);
+
+/// A `ladle` command for this cluster: `SLURM_CONF` set, node-local state under the
+/// cluster's directory (`TMPDIR`, exported to the job by sbatch).
+fn ladle(cluster: &Cluster) -> Command {
+    let mut command = cluster.command(ladle_bin());
+    let tmp = cluster.local_root();
+    std::fs::create_dir_all(&tmp).unwrap();
+    command.env("TMPDIR", tmp);
+    command
+}
+
+/// The sweep options every test uses: simulated GPUs, a small feed, fast admission.
+fn sweep_args<'a>(data: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "sweep",
+        "--slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--out",
+        out,
+        "--dataset",
+        data,
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "2",
+        "--threads",
+        "1",
+        "--gpu",
+        "sim",
+        "--settle-s",
+        "0",
+        "--tick-ms",
+        "100",
+        "--gpu-mem",
+        "1GiB",
+        "--stop-grace",
+        "2",
+    ]
+}
+
+/// Runs `command` to its end, bounded.
+fn finish(command: &mut Command, what: &str) -> ladle_procs::Output {
+    let mut proc = Proc::spawn(what, command).unwrap();
+    proc.wait_timeout(GUARD)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    proc.output().unwrap()
+}
+
+/// The report's runs by name.
+fn runs(report: &Value) -> Vec<Value> {
+    report["runs"].as_array().unwrap().clone()
+}
+
+/// Waits until `check` holds, or fails naming `what`.
+fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Nothing of ladle is left running on the cluster, and no node-local directory.
+fn assert_nothing_left(cluster: &Cluster) {
+    wait_until("every ladle process gone", Duration::from_secs(60), || {
+        cluster.job_processes().is_empty()
+    });
+    let left: Vec<PathBuf> = std::fs::read_dir(cluster.local_root())
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("ladle-")
+        })
+        .collect();
+    assert!(left.is_empty(), "node-local state left behind: {left:?}");
+}
+
+/// The run's first stdout line: `NODE SOCKET` (what the wrapper in the grid prints).
+fn where_it_ran(run: &Value) -> (String, String) {
+    let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
+    let first = log.lines().next().unwrap_or_default().to_owned();
+    let (node, socket) = first.split_once(' ').unwrap_or_default();
+    (node.to_owned(), socket.to_owned())
+}
+
+#[test]
+fn a_six_run_grid_over_two_nodes_runs_each_run_once_on_one_feed_per_node() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(120, 48, 40);
+    let out = cluster.submit_dir().join("six");
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args.extend([
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        r#"echo "$SLURMD_NODENAME $LADLE_SOCKET"; exec "$0" "$@""#,
+        ladle_bin().to_str().unwrap(),
+        "consume",
+        "--batch-size",
+        "{8,16,32}",
+        "--epochs",
+        "{1,2}",
+        "--json",
+    ]);
+    let done = finish(ladle(cluster).args(&args), "ladle sweep --slurm");
+    assert!(
+        done.status.success(),
+        "{}\n{}\n{}",
+        done.stderr,
+        done.stdout,
+        cluster.logs()
+    );
+    assert!(
+        done.stderr.contains("submitted Slurm job"),
+        "{}",
+        done.stderr
+    );
+    assert!(done.stderr.contains("scancel"), "{}", done.stderr);
+    let report: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    let all = runs(&report);
+    assert_eq!(all.len(), 6, "{report}");
+    let mut per_node = std::collections::BTreeMap::<String, u32>::new();
+    for (k, run) in all.iter().enumerate() {
+        assert_eq!(run["name"], format!("run-{k:02}"), "{run}");
+        assert_eq!(run["exit_code"], 0, "{run}");
+        let node = run["node"].as_str().unwrap().to_owned();
+        // The run ran on its node, with that node's feed.
+        let (ran_on, socket) = where_it_ran(run);
+        assert_eq!(ran_on, node, "{run}");
+        assert!(
+            socket.contains(&format!("-{node}/")) && socket.ends_with("feed.sock"),
+            "{node}: {socket}"
+        );
+        *per_node.entry(node).or_default() += 1;
+        // Exact epochs.
+        let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
+        let epochs: Vec<Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v.get("epoch").is_some())
+            .collect();
+        let want = if k % 2 == 0 { 1 } else { 2 };
+        assert_eq!(epochs.len(), want, "{log}");
+        assert!(epochs.iter().all(|e| e["exact_coverage"] == true), "{log}");
+    }
+    // Interleaved shards: three runs per node.
+    assert_eq!(per_node.values().copied().collect::<Vec<_>>(), [3, 3]);
+    // Exactly one feed per node, each decoding for its own runs.
+    let nodes = report["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{report}");
+    let mut sockets = Vec::new();
+    for node in nodes {
+        let feed = &node["feed"];
+        assert_eq!(feed["reused"], false, "{node}");
+        assert!(feed["samples_published"].as_u64().unwrap() > 0, "{node}");
+        assert_eq!(node["runs"].as_array().unwrap().len(), 3, "{node}");
+        sockets.push(feed["socket"].as_str().unwrap().to_owned());
+    }
+    assert_ne!(sockets[0], sockets[1]);
+    // The merged report is in the sweep directory too, and the script beside it.
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(runs(&written).len(), 6);
+    assert!(out.join("sweep.sbatch").exists());
+    assert_nothing_left(cluster);
+}
+
+#[test]
+fn the_dry_run_script_is_one_slurm_accepts() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(20, 32, 32);
+    let out = cluster.submit_dir().join("dry");
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args.extend([
+        "--slurm-dry-run",
+        "--slurm-arg=--time=10",
+        "--",
+        "train",
+        "--lr",
+        "{0.1,0.01}",
+    ]);
+    let done = finish(ladle(cluster).args(&args), "ladle sweep --slurm-dry-run");
+    assert!(done.status.success(), "{}", done.stderr);
+    let script = done.stdout;
+    assert!(script.starts_with("#!/bin/bash"), "{script}");
+    assert!(script.contains("#SBATCH --time=10"), "{script}");
+    assert!(script.contains("'{0.1,0.01}'"), "{script}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("sweep.sbatch")).unwrap(),
+        script
+    );
+    let test = cluster
+        .run(
+            "sbatch",
+            &["--test-only", out.join("sweep.sbatch").to_str().unwrap()],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    assert!(test.status.success(), "{}", test.stderr);
+    assert!(test.stderr.contains("to start at"), "{}", test.stderr);
+    assert!(
+        cluster.active_jobs().unwrap().is_empty(),
+        "a dry run submitted"
+    );
+}
+
+#[test]
+fn a_job_asking_for_more_nodes_than_exist_is_an_error_with_slurms_reason() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(20, 32, 32);
+    let out = cluster.submit_dir().join("three");
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args[3] = "3";
+    args.extend(["--", "true"]);
+    let done = finish(ladle(cluster).args(&args), "ladle sweep --nodes 3");
+    assert!(!done.status.success());
+    assert!(
+        done.stderr.contains("sbatch") && done.stderr.contains("Node count specification invalid"),
+        "{}",
+        done.stderr
+    );
+    assert!(cluster.active_jobs().unwrap().is_empty());
+}
+
+/// Starts an endless Slurm sweep in the background (runs that read until killed) and waits
+/// until all four of its runs are running; returns the sweep and its job id.
+fn start_endless(cluster: &Cluster, data: &Path, out: &Path, runs: &str) -> (Proc, u32) {
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args.extend([
+        "--",
+        ladle_bin().to_str().unwrap(),
+        "consume",
+        "--batch-size",
+        runs,
+        "--epochs",
+        "100000",
+        "--step-ms",
+        "50",
+    ]);
+    let sweep = Proc::spawn("ladle sweep --slurm (endless)", ladle(cluster).args(&args)).unwrap();
+    let mut job = None;
+    wait_until("the job's runs running", Duration::from_secs(120), || {
+        job = job.or_else(|| cluster.active_jobs().unwrap().first().map(|j| j.0));
+        let consumers = cluster
+            .job_processes()
+            .iter()
+            .filter(|(_, cmd)| cmd.contains("consume") && cmd.contains("--step-ms"))
+            .count();
+        consumers >= 4
+    });
+    (sweep, job.unwrap())
+}
+
+#[test]
+fn scancel_mid_sweep_stops_every_ladle_process_on_every_node() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 32, 32);
+    let out = cluster.submit_dir().join("cancel");
+    let (mut sweep, job) = start_endless(cluster, &data, &out, "{4,8,16,32}");
+    cluster
+        .run("scancel", &[&job.to_string()], Duration::from_secs(30))
+        .unwrap();
+    sweep.wait_timeout(GUARD).unwrap();
+    let done = sweep.output().unwrap();
+    assert!(!done.status.success(), "a cancelled sweep reports failure");
+    assert!(done.stderr.contains("CANCELLED"), "{}", done.stderr);
+    assert_nothing_left(cluster);
+}
