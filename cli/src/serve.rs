@@ -32,9 +32,10 @@ pub(crate) struct ServeArgs {
 /// What a feed serves and how: shared by `ladle serve` and `ladle sweep`.
 #[derive(Debug, Args)]
 pub(crate) struct FeedOptions {
-    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards).
+    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards); required
+    /// (`ladle sweep --resume` takes it from the sweep it resumes).
     #[arg(long)]
-    pub(crate) dataset: PathBuf,
+    dataset: Option<PathBuf>,
     /// Shared memory for the sample ring, in MiB; the largest batch a consumer may ask for
     /// is half the samples it holds.
     #[arg(long, default_value_t = 256)]
@@ -78,13 +79,21 @@ pub(crate) struct FeedOptions {
 }
 
 impl FeedOptions {
+    /// The dataset's path (`--dataset`).
+    pub(crate) fn dataset(&self) -> anyhow::Result<&std::path::Path> {
+        self.dataset
+            .as_deref()
+            .context("--dataset is required: the dataset to serve")
+    }
+
     /// Opens the dataset and makes the producer's configuration for a feed on `socket`.
     pub(crate) fn open(
         &self,
         socket: PathBuf,
     ) -> anyhow::Result<(Box<dyn ladle_datasets::Dataset>, ProducerConfig)> {
-        let dataset = ladle_datasets::open(&self.dataset)
-            .with_context(|| format!("cannot read dataset {}", self.dataset.display()))?;
+        let path = self.dataset()?;
+        let dataset = ladle_datasets::open(path)
+            .with_context(|| format!("cannot read dataset {}", path.display()))?;
         let augment = match &self.transform {
             Some(spec) => Transforms::parse(spec)
                 .with_context(|| format!("--transform {spec:?} is not a usable pipeline"))?,
@@ -150,7 +159,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let layout = producer.layout();
     eprintln!(
         "serving {} on {} (ring: {} samples of `{}`, batch sizes up to {}); Ctrl-C to stop",
-        args.feed.dataset.display(),
+        args.feed.dataset()?.display(),
         args.socket.display(),
         layout.capacity,
         layout.schema,
@@ -164,7 +173,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let spec = ladle_scheduler::protocol::FeedSpec {
             name: name.clone(),
             socket,
-            dataset: ladle_sweep::engine::dataset_key(&args.feed.dataset),
+            dataset: ladle_sweep::engine::dataset_key(args.feed.dataset()?),
             transform,
             threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
             pid: std::process::id(),

@@ -139,6 +139,10 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
             (sweep, manifest)
         }
         None => {
+            let dataset = args.feed.dataset()?;
+            if !dataset.exists() {
+                bail!("--dataset {}: no such file or directory", dataset.display());
+            }
             let runs = crate::sweep::all_runs(&args)?;
             let runs = ladle_sweep::grid::select(runs, &args.only)?;
             let cwd = std::env::current_dir().context("current directory")?;

@@ -146,7 +146,15 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         if args.scheduler_dir.is_some() {
             bail!("--scheduler-dir: a node of a Slurm sweep always runs its own scheduler");
         }
-        Some(NodeEnv::from_env(|k| std::env::var(k).ok())?)
+        let node = NodeEnv::from_env(|k| std::env::var(k).ok())?;
+        for dir in node.remove_stale_local_dirs() {
+            eprintln!(
+                "ladle sweep [{}]: removed {}, left by an earlier job's sweep on this node",
+                node.node,
+                dir.display()
+            );
+        }
+        Some(node)
     } else {
         None
     };
@@ -212,7 +220,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         out: out.clone(),
         cwd,
         feed: FeedSource {
-            path: args.feed.dataset.clone(),
+            path: args.feed.dataset()?.to_owned(),
             dataset,
             config: producer,
         },

@@ -93,6 +93,42 @@ impl NodeEnv {
     }
 }
 
+impl NodeEnv {
+    /// Removes what earlier jobs' sweeps left on this node (`$TMPDIR/ladle-*-NODE`, other
+    /// than this job's): a node that failed or a sweep killed with SIGKILL cannot clean up
+    /// after itself. A directory counts as left only when its scheduler's lock file exists
+    /// and no process holds it (a live sweep's private scheduler holds it while it runs).
+    /// Returns the directories removed; one that cannot be removed is logged.
+    pub fn remove_stale_local_dirs(&self) -> Vec<PathBuf> {
+        let suffix = format!("-{}", self.node);
+        let ours = format!("ladle-{}-{}", self.job_id, self.node);
+        let Ok(entries) = std::fs::read_dir(&self.tmpdir) else {
+            return Vec::new();
+        };
+        let mut removed = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("ladle-") || !name.ends_with(&suffix) || name == ours {
+                continue;
+            }
+            let dir = entry.path();
+            let lock = dir.join("scheduler").join("lock");
+            if !lock.exists() {
+                continue;
+            }
+            match ladle_scheduler::sys::lock_file(&lock) {
+                Ok(Some(_held)) => match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => removed.push(dir),
+                    Err(e) => tracing::warn!("cannot remove {}: {e}", dir.display()),
+                },
+                Ok(None) => {} // a live sweep's
+                Err(e) => tracing::warn!("cannot check {}: {e}", lock.display()),
+            }
+        }
+        removed
+    }
+}
+
 /// Checks that every socket ladle makes under `dir` fits a Unix socket's path.
 ///
 /// # Errors
@@ -451,6 +487,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("TMPDIR") && err.contains("107"), "{err}");
+    }
+
+    #[test]
+    fn only_a_left_local_dir_of_this_node_whose_scheduler_is_gone_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tmpdir = tmp.path().display().to_string();
+        let vars = [
+            ("SLURM_JOB_ID", "9"),
+            ("SLURMD_NODENAME", "n1"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_NNODES", "2"),
+            ("TMPDIR", tmpdir.as_str()),
+        ];
+        let node = NodeEnv::from_env(env(&vars)).unwrap();
+        let make = |name: &str, lock: bool| {
+            let dir = tmp.path().join(name).join("scheduler");
+            std::fs::create_dir_all(&dir).unwrap();
+            if lock {
+                std::fs::write(dir.join("lock"), "").unwrap();
+            }
+            tmp.path().join(name)
+        };
+        let left = make("ladle-7-n1", true);
+        let live = make("ladle-8-n1", true);
+        let other_node = make("ladle-7-n2", true);
+        let ours = make("ladle-9-n1", true);
+        let unlocked = make("ladle-6-n1", false);
+        let _held = ladle_scheduler::sys::lock_file(&live.join("scheduler/lock"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(node.remove_stale_local_dirs(), vec![left.clone()]);
+        assert!(!left.exists());
+        for kept in [live, other_node, ours, unlocked] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
     }
 
     #[test]

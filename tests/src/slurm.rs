@@ -861,8 +861,25 @@ impl Running {
                 eprintln!("ladle-tests: Slurm jobs not cancelled at exit ({e}); killing them");
             }
         }
+        // SIGTERM first, so that slurmctld reaps its slurmscriptd; then SIGKILL. The daemons
+        // are still our unreaped children: their pids cannot have been reused.
+        for (_, child) in &self.daemons {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, Signal::TERM);
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && self
+                .daemons
+                .iter_mut()
+                .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+        {
+            std::thread::sleep(POLL);
+        }
         for (_, child) in &mut self.daemons {
-            // Still our unreaped children: their pids cannot have been reused.
             let _ = child.kill();
         }
         if let Some((mut watchdog, pipe)) = self.watchdog.take() {

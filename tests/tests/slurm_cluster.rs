@@ -2,7 +2,36 @@
 //! machine, and the Slurm behaviour `ladle sweep --slurm` builds on. Every test skips (saying
 //! why) where the cluster cannot run: no Slurm packages, not root.
 //!
-//! FACTS
+//! What these tests pin down (Debian 12's Slurm 22.05.8, the harness's configuration):
+//!
+//! | where | `CUDA_VISIBLE_DEVICES` | `SLURM_JOB_GPUS` | `SLURM_STEP_GPUS` |
+//! |---|---|---|---|
+//! | `srun -N2 -n2 --ntasks-per-node=1 --gres=gpu:2` (its own allocation), each task | `0,1` | unset | `0,1` |
+//! | batch script of `sbatch --nodes=2 --gres=gpu:2` (on `n1`) | `0,1` | `0,1` | unset |
+//! | its step `srun -n "$SLURM_NNODES" --ntasks-per-node=1`, each task | `0,1` | `0,1` | `0,1` |
+//!
+//! - Too many nodes (`EnforcePartLimits=ALL`): `sbatch --nodes=3` exits 1 with `sbatch: error:
+//!   Batch job submission failed: Node count specification invalid`; `srun -N3` with `srun:
+//!   error: Unable to allocate resources: Node count specification invalid`. Nothing is queued.
+//! - A node set down (`scontrol update nodename=n2 state=down reason=test`) stays down until
+//!   `state=resume`; a 2-node job pends meanwhile with reason
+//!   `ReqNodeNotAvail,_UnavailableNodes:n2` (as `scontrol show job -o` prints it), and `srun
+//!   -N2` blocks (the bounded runner stops it).
+//! - n2 taken down under a running 2-node job whose step has a task on each node:
+//!   - with `--no-kill`: Slurm kills the **whole step**, the task on n1 as well (`srun: error:
+//!     Node failure on n2`, `srun: error: n1: task 0: Killed`; `srun: error: n2: task 1:
+//!     Killed` only some of the time, but n2's task is gone either way); `srun` exits
+//!     **137**; the **batch script goes on**, its job shrunk to n1
+//!     (`NodeList=n1 NumNodes=1`); a later `srun -n 1` runs on n1 and the job ends
+//!     `COMPLETED`;
+//!   - without it (the default): the **whole job** is killed, batch script included (`***
+//!     JOB N ON n1 CANCELLED AT ... DUE TO NODE FAILURE ...`), and **requeued**: `PENDING`,
+//!     reason `BeginTime`, `Restarts=1`;
+//!   - with `--no-requeue`: killed the same way and ends `NODE_FAIL`, reason `NodeDown`.
+//! - A test binary that fails (exit 101) has, by the time it has exited, stopped its cluster,
+//!   its jobs (a step's `sleep` on each node and a process double-forked out of the batch
+//!   step) and removed its directory; one killed with SIGKILL has all of that done by its
+//!   watchdog shortly after.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -171,10 +200,7 @@ fn a_node_set_down_stays_down_holding_back_two_node_jobs_until_it_is_resumed() {
         assert!(Instant::now() < deadline, "job {job} never got a reason");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(
-        reason,
-        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions"
-    );
+    assert_eq!(reason, "ReqNodeNotAvail,_UnavailableNodes:n2");
     // srun waits for ever for a down node: the bounded runner stops it.
     let blocked = cluster.run("srun", &["-N2", "true"], Duration::from_secs(3));
     assert!(
@@ -190,11 +216,12 @@ fn a_node_set_down_stays_down_holding_back_two_node_jobs_until_it_is_resumed() {
         .unwrap();
 }
 
-/// Submits, on both nodes, a job whose step sleeps for a minute on each, and waits until both
-/// tasks run; the script then reports what srun did and runs a second step.
-fn start_two_node_step(cluster: &Cluster, extra: &[&str]) -> JobId {
+/// Submits, on both nodes, a job whose step sleeps for ten minutes on each, and waits until
+/// both tasks run; the script then reports what srun did and runs a second step. Returns the
+/// job and the pids of the two tasks (`sleep`s).
+fn start_two_node_step(cluster: &Cluster, extra: &[&str]) -> (JobId, [u32; 2]) {
     let script = r#"echo "batch on $SLURMD_NODENAME"
-srun -n "$SLURM_NNODES" --ntasks-per-node=1 sh -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME started"; touch "$SLURM_SUBMIT_DIR/step-$SLURM_JOB_ID-$SLURMD_NODENAME"; sleep 60; echo "task $SLURM_PROCID on $SLURMD_NODENAME finished"'
+srun -n "$SLURM_NNODES" --ntasks-per-node=1 sh -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME started"; f="$SLURM_SUBMIT_DIR/step-$SLURM_JOB_ID-$SLURMD_NODENAME"; echo $$ > "$f.tmp"; mv "$f.tmp" "$f"; exec sleep 600'
 echo "srun exited $?"
 echo "job nodes now $(squeue -h -j "$SLURM_JOB_ID" -o %N)"
 srun -n 1 sh -c 'echo "second step on $SLURMD_NODENAME"'
@@ -202,11 +229,49 @@ echo "second srun exited $?"
 "#;
     let args = [extra, &["--nodes=2", "--gres=gpu:2"]].concat();
     let job = cluster.sbatch(&args, script).unwrap();
-    for node in ["n1", "n2"] {
+    let pids = ["n1", "n2"].map(|node| {
         let marker = cluster.submit_dir().join(format!("step-{job}-{node}"));
         wait_for_file(&marker, &format!("job {job}'s task on {node}"));
+        std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    });
+    (job, pids)
+}
+
+/// Waits until the tasks `pids` are gone (they would sleep for ten minutes) and no other
+/// process of the cluster's jobs is left.
+fn wait_for_tasks_gone(cluster: &Cluster, pids: [u32; 2]) {
+    let running = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rfind(')')
+                .is_some_and(|i| !s[i + 1..].trim_start().starts_with('Z'))
+        })
+    };
+    let deadline = Instant::now() + GUARD;
+    while pids.iter().any(|p| running(*p)) || !cluster.job_processes().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "tasks {pids:?} or other job processes left: {:?}",
+            cluster.job_processes()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    job
+}
+
+/// Asserts that `out` has every line of `expected` and none containing `absent`.
+fn assert_lines(out: &str, expected: &[&str], absent: &[&str]) {
+    for line in expected {
+        assert!(
+            out.lines().any(|l| l == *line),
+            "no line {line:?} in:\n{out}"
+        );
+    }
+    for text in absent {
+        assert!(!out.contains(text), "{text:?} in:\n{out}");
+    }
 }
 
 #[test]
@@ -216,35 +281,69 @@ fn taking_a_node_down_under_a_no_kill_job_kills_its_whole_step_and_the_script_go
         return;
     };
     let _serial = cluster.lock();
-    let job = start_two_node_step(cluster, &["--no-kill"]);
+    let (job, tasks) = start_two_node_step(cluster, &["--no-kill"]);
     cluster.set_node_state("n2", "down", "test").unwrap();
     let out = finished_output(cluster, job, "COMPLETED");
-    eprintln!("{out}");
+    assert_lines(
+        &out,
+        &[
+            "task 0 on n1 started",
+            "task 1 on n2 started",
+            "srun: error: Node failure on n2",
+            "srun: error: n1: task 0: Killed",
+            "srun exited 137",
+            "job nodes now n1",
+            "second step on n1",
+            "second srun exited 0",
+        ],
+        &[],
+    );
     let fields = cluster.job_fields(job).unwrap().unwrap();
-    eprintln!(
-        "NodeList={} NumNodes={}",
-        fields["NodeList"], fields["NumNodes"]
-    );
-    assert!(
-        cluster.job_processes().is_empty(),
-        "{:?}",
-        cluster.job_processes()
-    );
+    assert_eq!((&*fields["NodeList"], &*fields["NumNodes"]), ("n1", "1"));
+    wait_for_tasks_gone(cluster, tasks);
 }
 
 #[test]
-fn taking_a_node_down_under_an_ordinary_job_ends_the_job() {
+fn taking_a_node_down_under_an_ordinary_job_kills_all_of_it_and_requeues_it() {
     let Some(cluster) = Cluster::shared() else {
         return;
     };
     let _serial = cluster.lock();
-    let job = start_two_node_step(cluster, &[]);
+    let (job, tasks) = start_two_node_step(cluster, &[]);
     cluster.set_node_state("n2", "down", "test").unwrap();
-    let state = cluster.wait_job_end(job, GUARD).unwrap();
-    let out = std::fs::read_to_string(cluster.default_output(job)).unwrap_or_default();
-    eprintln!("state {state}\n{out}");
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let f = cluster.job_fields(job).unwrap().unwrap();
+        if f["JobState"] == "PENDING" && f["Restarts"] == "1" {
+            assert_eq!(f["Reason"], "BeginTime");
+            break;
+        }
+        assert!(Instant::now() < deadline, "job {job} not requeued: {f:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for_tasks_gone(cluster, tasks);
+    let out = std::fs::read_to_string(cluster.default_output(job)).unwrap();
+    assert_lines(&out, &["srun: error: Node failure on n2"], &["srun exited"]);
+    assert!(
+        out.contains(&format!("*** JOB {job} ON n1 CANCELLED AT ")),
+        "{out}"
+    );
+    assert!(out.contains(" DUE TO NODE FAILURE"), "{out}");
+}
+
+#[test]
+fn taking_a_node_down_under_a_no_requeue_job_ends_it_as_node_fail() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let (job, tasks) = start_two_node_step(cluster, &["--no-requeue"]);
+    cluster.set_node_state("n2", "down", "test").unwrap();
+    let out = finished_output(cluster, job, "NODE_FAIL");
+    assert_lines(&out, &["srun: error: Node failure on n2"], &["srun exited"]);
     let fields = cluster.job_fields(job).unwrap().unwrap();
-    eprintln!("{fields:?}");
+    assert_eq!(fields["Reason"], "NodeDown");
+    wait_for_tasks_gone(cluster, tasks);
 }
 
 /// One child cluster at a time (they share the next harness instance).
@@ -254,6 +353,11 @@ static CHILD_CLUSTERS: Mutex<()> = Mutex::new(());
 /// that its cluster runs.
 const CHILD_MODE: &str = "LADLE_SLURM_CLEANUP_CHILD";
 const CHILD_REPORT: &str = "LADLE_SLURM_CLEANUP_REPORT";
+
+/// Whether `cmdline` is `sleep SECS` (`srun` gives the full path).
+fn is_sleep(cmdline: &str, secs: u32) -> bool {
+    cmdline == format!("sleep {secs}") || cmdline == format!("/usr/bin/sleep {secs}")
+}
 
 /// Runs in a child test binary started by the two cleanup tests below (and does nothing when
 /// run otherwise): starts its own cluster (the next harness instance, so its own ports and
@@ -277,8 +381,8 @@ fn cleanup_child_starts_a_cluster_with_a_job_then_panics_or_hangs() {
     let deadline = Instant::now() + GUARD;
     loop {
         let procs = cluster.job_processes();
-        let count = |c: &str| procs.iter().filter(|(_, l)| l == c).count();
-        if count("sleep 600") == 2 && count("sleep 601") == 1 {
+        let count = |secs| procs.iter().filter(|(_, l)| is_sleep(l, secs)).count();
+        if count(600) == 2 && count(601) == 1 {
             break;
         }
         assert!(Instant::now() < deadline, "the job never ran: {procs:?}");
@@ -319,16 +423,20 @@ fn start_cleanup_child(mode: &str, scratch: &Path) -> (Proc, PathBuf) {
             let out = child.output().unwrap();
             panic!("the child exited early: {}\n{}", out.stdout, out.stderr);
         }
-        assert!(
-            Instant::now() < deadline,
-            "the child's cluster never ran its job"
-        );
+        if Instant::now() >= deadline {
+            child.kill();
+            let out = child.output().unwrap();
+            panic!(
+                "the child's cluster never ran its job: {}\n{}",
+                out.stdout, out.stderr
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let dir = PathBuf::from(std::fs::read_to_string(&report).unwrap());
     let procs = processes_of(&dir);
     assert!(
-        procs.iter().any(|(_, l)| l == "sleep 600")
+        procs.iter().any(|(_, l)| is_sleep(l, 600))
             && procs.iter().any(|(_, l)| l.starts_with("slurmctld")),
         "{procs:?}"
     );

@@ -312,3 +312,134 @@ fn scancel_mid_sweep_stops_every_ladle_process_on_every_node() {
     assert!(done.stderr.contains("CANCELLED"), "{}", done.stderr);
     assert_nothing_left(cluster);
 }
+
+/// Lines of a node's run ledger in the sweep directory.
+fn ledger_lines(out: &Path, node: &str) -> Vec<Value> {
+    std::fs::read_to_string(out.join(format!("node-{node}")).join("runs.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 32, 32);
+    let out = cluster.submit_dir().join("lost");
+    // Each run reads as many epochs as its node's file says: n1's runs end, n2's do not.
+    let epochs = fx.path().to_owned();
+    std::fs::write(epochs.join("epochs-n1"), "1").unwrap();
+    std::fs::write(epochs.join("epochs-n2"), "100000").unwrap();
+    let wrapper = format!(
+        r#"exec "$0" "$@" --epochs "$(cat {}/epochs-$SLURMD_NODENAME)""#,
+        epochs.display()
+    );
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args.extend([
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        &wrapper,
+        ladle_bin().to_str().unwrap(),
+        "consume",
+        "--batch-size",
+        "{4,8,16,32}",
+        "--step-ms",
+        "50",
+        "--json",
+    ]);
+    let mut sweep = Proc::spawn(
+        "ladle sweep --slurm (to lose n2)",
+        ladle(cluster).args(&args),
+    )
+    .unwrap();
+    wait_until(
+        "n1's runs ended and n2's running",
+        Duration::from_secs(120),
+        || {
+            let n2_running = cluster
+                .job_processes()
+                .iter()
+                .filter(|(_, cmd)| cmd.contains("consume") && cmd.contains("--epochs"))
+                .count();
+            ledger_lines(&out, "n1").len() == 2 && n2_running >= 2
+        },
+    );
+    cluster
+        .set_node_state("n2", "down", "lost-in-test")
+        .unwrap();
+    sweep.wait_timeout(GUARD).unwrap();
+    let done = sweep.output().unwrap();
+    assert!(
+        !done.status.success(),
+        "a sweep with lost runs reports failure"
+    );
+    let report: Value = serde_json::from_str(done.stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}\n{}", done.stdout, done.stderr, cluster.logs()));
+    let all = runs(&report);
+    let states: Vec<&str> = all.iter().map(|r| r["state"].as_str().unwrap()).collect();
+    assert_eq!(states[0], "succeeded", "{report}");
+    assert_eq!(states[2], "succeeded", "{report}");
+    for lost in [&all[1], &all[3]] {
+        assert_eq!(lost["node"], "n2", "{lost}");
+        assert_ne!(lost["state"], "succeeded", "{lost}");
+        let reason = lost["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("n2"), "the reason names the node: {lost}");
+    }
+    // Slurm killed n2's processes; its node-local directory stays behind, as a failed node's
+    // would, until ladle next runs there.
+    wait_until("every ladle process gone", Duration::from_secs(60), || {
+        cluster.job_processes().is_empty()
+    });
+    assert!(
+        std::fs::read_dir(cluster.local_root())
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with("-n2")),
+        "the lost node's state is gone: was it really lost?"
+    );
+
+    // The node comes back; the resume runs only the two lost runs, which now end.
+    cluster.set_node_state("n2", "resume", "").unwrap();
+    std::fs::write(epochs.join("epochs-n2"), "1").unwrap();
+    let resumed = finish(
+        ladle(cluster).args(["sweep", "--resume", out_s, "--json"]),
+        "ladle sweep --resume",
+    );
+    assert!(
+        resumed.status.success(),
+        "{}\n{}",
+        resumed.stderr,
+        cluster.logs()
+    );
+    assert!(
+        resumed
+            .stderr
+            .contains("resuming 2 of 4 runs: run-01 run-03"),
+        "{}",
+        resumed.stderr
+    );
+    let report: Value = serde_json::from_str(resumed.stdout.trim()).unwrap();
+    assert!(
+        runs(&report).iter().all(|r| r["state"] == "succeeded"),
+        "{report}"
+    );
+    // run-00 and run-02 ran once, in the first job.
+    let ran: Vec<String> = ["n1", "n2"]
+        .iter()
+        .flat_map(|n| ledger_lines(&out, n))
+        .filter(|r| r["state"] == "succeeded")
+        .map(|r| r["name"].as_str().unwrap().to_owned())
+        .collect();
+    let mut sorted = ran.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["run-00", "run-01", "run-02", "run-03"], "{ran:?}");
+    assert_nothing_left(cluster);
+}
