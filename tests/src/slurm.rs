@@ -76,7 +76,7 @@
 //!
 //! use ladle_tests::slurm::Cluster;
 //!
-//! let Some(cluster) = Cluster::shared() else { return }; // said why on stderr
+//! let Some(cluster) = Cluster::shared() else { return Ok(()) }; // said why on stderr
 //! let _serial = cluster.lock();
 //! let job = cluster.sbatch(&["--nodes=2", "--gres=gpu:2"], "srun -n 2 hostname")?;
 //! assert_eq!(cluster.wait_job_end(job, Duration::from_secs(60))?, "COMPLETED");

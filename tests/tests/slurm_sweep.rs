@@ -331,13 +331,16 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
     let mut fx = Fixture::new();
     let data = fx.dataset(60, 32, 32);
     let out = cluster.submit_dir().join("lost");
-    // Each run reads as many epochs as its node's file says: n1's runs end, n2's do not.
-    let epochs = fx.path().to_owned();
-    std::fs::write(epochs.join("epochs-n1"), "1").unwrap();
-    std::fs::write(epochs.join("epochs-n2"), "100000").unwrap();
+    // Each run reads as many epochs as its node's file says (n1's runs end, n2's do not),
+    // once its node's gate file exists: n1's runs are running, waiting at the gate, while
+    // n2 is lost.
+    let files = fx.path().to_owned();
+    std::fs::write(files.join("epochs-n1"), "1").unwrap();
+    std::fs::write(files.join("epochs-n2"), "100000").unwrap();
+    std::fs::write(files.join("go-n2"), "").unwrap();
     let wrapper = format!(
-        r#"exec "$0" "$@" --epochs "$(cat {}/epochs-$SLURMD_NODENAME)""#,
-        epochs.display()
+        r#"while [ ! -e {0}/go-$SLURMD_NODENAME ]; do sleep 0.1; done; exec "$0" "$@" --epochs "$(cat {0}/epochs-$SLURMD_NODENAME)""#,
+        files.display()
     );
     let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
     let mut args = sweep_args(data_s, out_s);
@@ -360,21 +363,32 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
         ladle(cluster).args(&args),
     )
     .unwrap();
+    let reading = |procs: &[(u32, String)]| {
+        procs
+            .iter()
+            .filter(|(_, cmd)| cmd.contains("consume") && !cmd.contains("while"))
+            .count()
+    };
     wait_until(
-        "n1's runs ended and n2's running",
+        "n1's runs at their gate and n2's reading",
         Duration::from_secs(120),
         || {
-            let n2_running = cluster
-                .job_processes()
+            let procs = cluster.job_processes();
+            let waiting = procs
                 .iter()
-                .filter(|(_, cmd)| cmd.contains("consume") && cmd.contains("--epochs"))
+                .filter(|(_, cmd)| cmd.starts_with("sh") && cmd.contains("while"))
                 .count();
-            ledger_lines(&out, "n1").len() == 2 && n2_running >= 2
+            reading(&procs) >= 2 && waiting >= 2
         },
     );
     cluster
         .set_node_state("n2", "down", "lost-in-test")
         .unwrap();
+    // n2's runs die with it; then n1's, which were running all along, go past their gate.
+    wait_until("n2's runs gone", Duration::from_secs(60), || {
+        reading(&cluster.job_processes()) == 0
+    });
+    std::fs::write(files.join("go-n1"), "").unwrap();
     sweep.wait_timeout(GUARD).unwrap();
     let done = sweep.output().unwrap();
     assert!(
@@ -408,7 +422,7 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
 
     // The node comes back; the resume runs only the two lost runs, which now end.
     cluster.set_node_state("n2", "resume", "").unwrap();
-    std::fs::write(epochs.join("epochs-n2"), "1").unwrap();
+    std::fs::write(files.join("epochs-n2"), "1").unwrap();
     let resumed = finish(
         ladle(cluster).args(["sweep", "--resume", out_s, "--json"]),
         "ladle sweep --resume",
@@ -441,5 +455,144 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
     let mut sorted = ran.clone();
     sorted.sort();
     assert_eq!(sorted, ["run-00", "run-01", "run-02", "run-03"], "{ran:?}");
+    assert_nothing_left(cluster);
+}
+
+/// Seconds since midnight UTC of a tracing timestamp (`2026-11-24T08:56:32.493277Z`).
+fn seconds_of_day(stamp: &str) -> Option<f64> {
+    let time = stamp.split_once('T')?.1.strip_suffix('Z')?;
+    let mut parts = time.split(':');
+    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+}
+
+fn now_of_day() -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    now % 86_400.0
+}
+
+/// The benchmark of `benches/README.md` ("Slurm: one sweep over two nodes"): the same
+/// six-run grid as a local sweep (one node, four simulated GPUs) and as a two-node Slurm
+/// sweep (two simulated GPUs each), side by side. Run it with
+/// `cargo test --release -p ladle-tests --test slurm_sweep -- --ignored --nocapture`.
+#[test]
+#[ignore = "a benchmark: prints its measurements"]
+fn bench_local_against_two_node_slurm_sweep() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(1000, 160, 120);
+    let data_s = data.to_str().unwrap();
+    let ladle_s = ladle_bin().to_str().unwrap();
+    let command = [
+        "--",
+        ladle_s,
+        "consume",
+        "--batch-size",
+        "{32,64,128}",
+        "--epochs",
+        "{2,3}",
+        "--step-ms",
+        "20",
+        "--json",
+    ];
+    let common = [
+        "--dataset",
+        data_s,
+        "--image-size",
+        "64",
+        "--ring-mib",
+        "8",
+        "--gpu",
+        "sim",
+        "--settle-s",
+        "0",
+        "--tick-ms",
+        "100",
+        "--gpu-mem",
+        "1GiB",
+    ];
+    // Local: one node with four simulated GPUs.
+    let local_out = cluster.submit_dir().join("bench-local");
+    let local_s = local_out.to_str().unwrap();
+    let mut args = vec![
+        "sweep",
+        "--private-scheduler",
+        "--sim-gpus",
+        "4",
+        "--out",
+        local_s,
+    ];
+    args.extend(common);
+    args.extend(command);
+    let started = now_of_day();
+    let local = finish(cluster.command(ladle_bin()).args(&args), "local sweep");
+    let local_wall = now_of_day() - started;
+    assert!(local.status.success(), "{}", local.stderr);
+    let first_local = local
+        .stderr
+        .lines()
+        .find(|l| l.contains("started job="))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(seconds_of_day)
+        .map(|t| t - started);
+    println!("{}", local.stdout);
+
+    // Slurm: two nodes with two simulated GPUs each.
+    let out = cluster.submit_dir().join("bench-slurm");
+    let out_s = out.to_str().unwrap();
+    let mut args = vec![
+        "sweep",
+        "--slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--out",
+        out_s,
+    ];
+    args.extend(common);
+    args.extend(command);
+    let started = now_of_day();
+    let slurm = finish(ladle(cluster).args(&args), "slurm sweep");
+    let slurm_wall = now_of_day() - started;
+    assert!(slurm.status.success(), "{}", slurm.stderr);
+    let first_slurm = slurm
+        .stderr
+        .lines()
+        .filter(|l| l.contains("started job="))
+        .filter_map(|l| l.split_whitespace().next().and_then(seconds_of_day))
+        .reduce(f64::min)
+        .map(|t| t - started);
+    eprintln!("{}", slurm.stderr);
+    println!("{}", slurm.stdout);
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let local_report: Value =
+        serde_json::from_str(&std::fs::read_to_string(local_out.join("report.json")).unwrap())
+            .unwrap();
+    println!(
+        "local: wall {local_wall:.1} s, first run started after {:.1} s, {:.1} CPU-s, {} samples decoded",
+        first_local.unwrap_or(f64::NAN),
+        local_report["cpu_seconds"].as_f64().unwrap(),
+        local_report["feed"]["samples_published"]
+    );
+    println!(
+        "slurm: wall {slurm_wall:.1} s, first run started {:.1} s after sbatch, {:.1} CPU-s, decoded per node: {}",
+        first_slurm.unwrap_or(f64::NAN),
+        report["cpu_seconds"].as_f64().unwrap(),
+        report["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| format!("{} {}", n["name"], n["feed"]["samples_published"]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     assert_nothing_left(cluster);
 }
