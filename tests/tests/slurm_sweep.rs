@@ -596,3 +596,91 @@ fn bench_local_against_two_node_slurm_sweep() {
     );
     assert_nothing_left(cluster);
 }
+
+#[test]
+fn a_requeued_job_gives_its_runs_sigterm_and_does_not_rerun_the_finished_ones() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 32, 32);
+    let out = cluster.submit_dir().join("requeue");
+    // n1's runs end at once; n2's wait at their gate, noting a SIGTERM when one comes.
+    let files = fx.path().to_owned();
+    std::fs::write(files.join("go-n1"), "").unwrap();
+    let wrapper = format!(
+        r#"trap 'echo term >> {0}/term-$LADLE_RUN; exit 143' TERM; while [ ! -e {0}/go-$SLURMD_NODENAME ]; do sleep 0.1; done; exec "$0" "$@""#,
+        files.display()
+    );
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args.extend([
+        "--slurm-arg=--requeue",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        &wrapper,
+        ladle_bin().to_str().unwrap(),
+        "consume",
+        "--batch-size",
+        "{4,8,16,32}",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    let mut sweep =
+        Proc::spawn("ladle sweep --slurm (requeued)", ladle(cluster).args(&args)).unwrap();
+    let mut job = None;
+    wait_until(
+        "n1's runs ended and n2's at their gate",
+        Duration::from_secs(120),
+        || {
+            job = job.or_else(|| cluster.active_jobs().unwrap().first().copied());
+            let waiting = cluster
+                .job_processes()
+                .iter()
+                .filter(|(_, cmd)| cmd.starts_with("sh") && cmd.contains("while"))
+                .count();
+            ledger_lines(&out, "n1").len() == 2 && waiting >= 2
+        },
+    );
+    let job = job.unwrap();
+    cluster
+        .run_ok(
+            "scontrol",
+            &["requeue", &job.to_string()],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    wait_until("the job requeued", Duration::from_secs(60), || {
+        cluster.job_state(job).unwrap().as_deref() != Some("RUNNING")
+    });
+    std::fs::write(files.join("go-n2"), "").unwrap();
+    sweep.wait_timeout(GUARD).unwrap();
+    let done = sweep.output().unwrap();
+    assert!(done.status.success(), "{}\n{}", done.stderr, done.stdout);
+    let report: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    assert!(
+        runs(&report).iter().all(|r| r["state"] == "succeeded"),
+        "{report}"
+    );
+    // The preempted runs got SIGTERM (time to checkpoint); n1's ran once, n2's twice.
+    for run in ["run-01", "run-03"] {
+        let term = std::fs::read_to_string(files.join(format!("term-{run}"))).unwrap_or_default();
+        assert!(term.contains("term"), "{run} got no SIGTERM");
+    }
+    let n1 = ledger_lines(&out, "n1");
+    assert_eq!(n1.len(), 2, "n1's finished runs ran again: {n1:?}");
+    let node: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("node-n1").join("node.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        node["skipped"],
+        serde_json::json!(["run-00", "run-02"]),
+        "{node}"
+    );
+    assert_nothing_left(cluster);
+}
