@@ -127,7 +127,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
                     "ladle sweep: every run of {} has succeeded: nothing to resume",
                     sweep.display()
                 );
-                return finish(&sweep, &manifest, args.json);
+                return finish(&sweep, args.json);
             }
             eprintln!(
                 "ladle sweep: resuming {} of {} runs: {}",
@@ -215,7 +215,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
         manifest.script.nodes
     );
     follow(&id, &sweep, &args, &flags, submitted)?;
-    finish(&sweep, &manifest, args.json)
+    finish(&sweep, args.json)
 }
 
 /// Follows job `id` until it ends: its output file's new lines on stderr, its state when it
@@ -315,21 +315,12 @@ fn print_new_lines(path: &Path, offset: u64) -> u64 {
 }
 
 /// Merges the sweep directory's nodes, writes its report and prints it.
-fn finish(sweep: &Path, manifest: &Manifest, json: bool) -> anyhow::Result<std::process::ExitCode> {
-    let nodes = ledger::node_dirs(&[sweep.to_owned()]).with_context(|| {
+fn finish(sweep: &Path, json: bool) -> anyhow::Result<std::process::ExitCode> {
+    merge(std::slice::from_ref(&sweep.to_owned()), json).with_context(|| {
         format!(
             "no node of the sweep reported: see {}",
             sweep.join("slurm-JOBID.out").display()
         )
-    })?;
-    let report = ledger::merge(&nodes, Some(&manifest.runs));
-    ledger::write_report(&sweep.join(ledger::REPORT), &report);
-    crate::sweep::print_report(&report, json)?;
-    let ok = report.runs.iter().all(|r| r.exit_code == Some(0));
-    Ok(if ok {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
     })
 }
 

@@ -100,12 +100,13 @@ fn assert_nothing_left(cluster: &Cluster) {
     assert!(left.is_empty(), "node-local state left behind: {left:?}");
 }
 
-/// The run's first stdout line: `NODE SOCKET` (what the wrapper in the grid prints).
-fn where_it_ran(run: &Value) -> (String, String) {
+/// The run's first stdout line: `NODE SOCKET GPUS` (what the wrapper in the grid prints).
+fn where_it_ran(run: &Value) -> (String, String, String) {
     let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
-    let first = log.lines().next().unwrap_or_default().to_owned();
-    let (node, socket) = first.split_once(' ').unwrap_or_default();
-    (node.to_owned(), socket.to_owned())
+    let first = log.lines().next().unwrap_or_default();
+    let mut words = first.split(' ').map(str::to_owned);
+    let mut next = || words.next().unwrap_or_default();
+    (next(), next(), next())
 }
 
 #[test]
@@ -120,11 +121,14 @@ fn a_six_run_grid_over_two_nodes_runs_each_run_once_on_one_feed_per_node() {
     let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
     let mut args = sweep_args(data_s, out_s);
     args.extend([
+        // Ignored under Slurm: a node simulates as many GPUs as Slurm gave it (2).
+        "--sim-gpus",
+        "4",
         "--json",
         "--",
         "sh",
         "-c",
-        r#"echo "$SLURMD_NODENAME $LADLE_SOCKET"; exec "$0" "$@""#,
+        r#"echo "$SLURMD_NODENAME $LADLE_SOCKET $CUDA_VISIBLE_DEVICES"; exec "$0" "$@""#,
         ladle_bin().to_str().unwrap(),
         "consume",
         "--batch-size",
@@ -156,13 +160,18 @@ fn a_six_run_grid_over_two_nodes_runs_each_run_once_on_one_feed_per_node() {
         assert_eq!(run["exit_code"], 0, "{run}");
         let node = run["node"].as_str().unwrap().to_owned();
         // The run ran on its node, with that node's feed.
-        let (ran_on, socket) = where_it_ran(run);
+        let (ran_on, socket, gpus) = where_it_ran(run);
         assert_eq!(ran_on, node, "{run}");
         assert!(
             socket.contains(&format!("-{node}/")) && socket.ends_with("feed.sock"),
             "{node}: {socket}"
         );
-        *per_node.entry(node).or_default() += 1;
+        *per_node.entry(node.clone()).or_default() += 1;
+        // Only a GPU Slurm allocated (SLURM_STEP_GPUS=0,1), by its UUID.
+        assert!(
+            ["GPU-simulated-dev-nvidia0", "GPU-simulated-dev-nvidia1"].contains(&gpus.as_str()),
+            "{node}: CUDA_VISIBLE_DEVICES={gpus}"
+        );
         // Exact epochs.
         let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
         let epochs: Vec<Value> = log
@@ -322,6 +331,36 @@ fn ledger_lines(out: &Path, node: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Starts a `--json` Slurm sweep in the background whose four runs (`run-00` … `run-03`,
+/// batch sizes 4 to 32: n1 runs 0 and 2, n2 runs 1 and 3) each run `sh -c SCRIPT` before
+/// `ladle consume`; SCRIPT ends with `exec "$0" "$@"` and may wait at a gate file.
+fn gated_sweep(
+    cluster: &Cluster,
+    data: &Path,
+    out: &Path,
+    extra: &[&str],
+    script: &str,
+    consume: &[&str],
+) -> Proc {
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = sweep_args(data_s, out_s);
+    args.extend(extra);
+    args.extend([
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        script,
+        ladle_bin().to_str().unwrap(),
+        "consume",
+        "--batch-size",
+        "{4,8,16,32}",
+        "--json",
+    ]);
+    args.extend(consume);
+    Proc::spawn("ladle sweep --slurm (gated)", ladle(cluster).args(&args)).unwrap()
+}
+
 #[test]
 fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
     let Some(cluster) = Cluster::shared() else {
@@ -342,27 +381,8 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
         r#"while [ ! -e {0}/go-$SLURMD_NODENAME ]; do sleep 0.1; done; exec "$0" "$@" --epochs "$(cat {0}/epochs-$SLURMD_NODENAME)""#,
         files.display()
     );
-    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let mut args = sweep_args(data_s, out_s);
-    args.extend([
-        "--json",
-        "--",
-        "sh",
-        "-c",
-        &wrapper,
-        ladle_bin().to_str().unwrap(),
-        "consume",
-        "--batch-size",
-        "{4,8,16,32}",
-        "--step-ms",
-        "50",
-        "--json",
-    ]);
-    let mut sweep = Proc::spawn(
-        "ladle sweep --slurm (to lose n2)",
-        ladle(cluster).args(&args),
-    )
-    .unwrap();
+    let mut sweep = gated_sweep(cluster, &data, &out, &[], &wrapper, &["--step-ms", "50"]);
+    let out_s = out.to_str().unwrap();
     let reading = |procs: &[(u32, String)]| {
         procs
             .iter()
@@ -613,25 +633,14 @@ fn a_requeued_job_gives_its_runs_sigterm_and_does_not_rerun_the_finished_ones() 
         r#"trap 'echo term >> {0}/term-$LADLE_RUN; exit 143' TERM; while [ ! -e {0}/go-$SLURMD_NODENAME ]; do sleep 0.1; done; exec "$0" "$@""#,
         files.display()
     );
-    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let mut args = sweep_args(data_s, out_s);
-    args.extend([
-        "--slurm-arg=--requeue",
-        "--json",
-        "--",
-        "sh",
-        "-c",
+    let mut sweep = gated_sweep(
+        cluster,
+        &data,
+        &out,
+        &["--slurm-arg=--requeue"],
         &wrapper,
-        ladle_bin().to_str().unwrap(),
-        "consume",
-        "--batch-size",
-        "{4,8,16,32}",
-        "--epochs",
-        "1",
-        "--json",
-    ]);
-    let mut sweep =
-        Proc::spawn("ladle sweep --slurm (requeued)", ladle(cluster).args(&args)).unwrap();
+        &["--epochs", "1"],
+    );
     let mut job = None;
     wait_until(
         "n1's runs ended and n2's at their gate",

@@ -304,3 +304,74 @@ fn a_sweep_that_needs_a_new_feed_waits_while_the_cores_are_taken() {
     assert!(done.stderr.contains("waiting for cores"), "{}", done.stderr);
     fx.signal(daemon, 15);
 }
+
+#[test]
+fn shards_run_by_hand_split_the_grid_and_merge_into_one_report() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 48, 40);
+    let ladle = ladle_bin().to_str().unwrap().to_owned();
+    let mut dirs = Vec::new();
+    for shard in ["0/2", "1/2"] {
+        let out = fx.path().join(format!("shard-{}", &shard[..1]));
+        let mut args = ladle_tests::sim_sweep(&data, &out);
+        args.extend(
+            [
+                "--shard",
+                shard,
+                "--gpu-mem",
+                "1GiB",
+                "--json",
+                "--",
+                &ladle,
+                "consume",
+                "--batch-size",
+                "{8,16,32}",
+                "--epochs",
+                "1",
+                "--json",
+            ]
+            .map(String::from),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let done = fx.run(&args, GUARD);
+        assert!(done.status.success(), "{}", done.stderr);
+        let report: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+        let names: Vec<&str> = report["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        // Interleaved, named over the whole grid.
+        let want: &[&str] = if shard == "0/2" {
+            &["run-00", "run-02"]
+        } else {
+            &["run-01"]
+        };
+        assert_eq!(names, want, "{report}");
+        dirs.push(out.to_str().unwrap().to_owned());
+    }
+    let mut args = vec!["report", "--merge"];
+    args.extend(dirs.iter().map(String::as_str));
+    args.push("--json");
+    let merged = fx.run(&args, GUARD);
+    assert!(merged.status.success(), "{}", merged.stderr);
+    let report: Value = serde_json::from_str(merged.stdout.trim()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    let got: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["node"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("run-00", "shard-0"),
+            ("run-01", "shard-1"),
+            ("run-02", "shard-0")
+        ]
+    );
+    assert!(runs.iter().all(|r| r["exit_code"] == 0), "{report}");
+    assert_eq!(report["nodes"].as_array().unwrap().len(), 2, "{report}");
+    let consumed = report["feed"]["samples_consumed"].as_u64().unwrap();
+    assert_eq!(consumed, 3 * 60, "{report}");
+}
