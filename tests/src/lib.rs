@@ -106,6 +106,21 @@ impl Finished {
     }
 }
 
+/// The per-epoch lines a sweep run's `ladle consume --json` wrote into its log (the run's
+/// `log` in a sweep report), with the log's text for messages.
+pub fn sweep_run_epochs(run: &serde_json::Value) -> (Vec<serde_json::Value>, String) {
+    let path = run["log"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no log: {run}"));
+    let log = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let epochs = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("epoch").is_some())
+        .collect();
+    (epochs, log)
+}
+
 /// One test's world: a temporary directory and the processes started in it, each in its own
 /// process group (a [`Proc`]: output collected as it comes, so a chatty child never blocks on
 /// a full pipe; the group killed when the fixture drops).

@@ -173,12 +173,7 @@ fn a_six_run_grid_over_two_nodes_runs_each_run_once_on_one_feed_per_node() {
             "{node}: CUDA_VISIBLE_DEVICES={gpus}"
         );
         // Exact epochs.
-        let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
-        let epochs: Vec<Value> = log
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v.get("epoch").is_some())
-            .collect();
+        let (epochs, log) = ladle_tests::sweep_run_epochs(run);
         let want = if k % 2 == 0 { 1 } else { 2 };
         assert_eq!(epochs.len(), want, "{log}");
         assert!(epochs.iter().all(|e| e["exact_coverage"] == true), "{log}");

@@ -89,12 +89,7 @@ fn a_sweep_runs_its_grid_through_the_scheduler_as_consumers_of_one_feed() {
             run["args"].as_array().unwrap().iter().any(|a| a == batch),
             "{run}"
         );
-        let log = std::fs::read_to_string(run["log"].as_str().unwrap()).unwrap();
-        let epochs: Vec<Value> = log
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v.get("epoch").is_some())
-            .collect();
+        let (epochs, log) = ladle_tests::sweep_run_epochs(run);
         assert_eq!(epochs.len(), 2, "{log}");
         for e in &epochs {
             assert_eq!(e["exact_coverage"], true, "{e}");
