@@ -316,6 +316,12 @@ mod tests {
             let asked = asked.clone();
             producers.push(std::thread::spawn(move || {
                 let (stream, _) = listener.accept().unwrap();
+                // Read the request first, as a producer does: answering and closing before
+                // the request is written would break the asker's pipe.
+                let (request, _) =
+                    ladle_ring::protocol::recv::<ladle_ring::protocol::ClientMessage>(&stream)
+                        .unwrap();
+                assert!(matches!(request, ladle_ring::protocol::ClientMessage::Stats));
                 asked.wait();
                 let answer = ladle_ring::protocol::ServerMessage::Stats(feed_stats());
                 ladle_ring::protocol::send(&stream, &answer, &[]).unwrap();
