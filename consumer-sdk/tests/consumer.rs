@@ -158,11 +158,12 @@ fn a_consumer_let_go_while_holding_half_the_ring_rejoins_and_still_reads_its_epo
         .chain(previous.indices())
         .copied()
         .collect();
-    std::thread::sleep(Duration::from_millis(600));
-    assert!(
-        !a.is_intact(),
-        "the producer let this consumer go while it held `a`"
-    );
+    // The producer lets this consumer go while it holds `a` (the ring full for 200 ms with
+    // nothing delivered), and `a` says so (its cursor page's let-go flag): wait for that, not
+    // a fixed time. The support watchdog turns a producer that never does into a failure.
+    while a.is_intact() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     drop(a);
     for batch in epoch {
         let batch = batch.unwrap();

@@ -7,6 +7,13 @@
 //! every child process leads its own process group (a `ladle_procs::Proc`) and is killed with
 //! that group when the fixture drops, and every wait has a deadline that turns a hang into a
 //! test failure (a watchdog, not a speed assertion).
+//!
+//! A test never sleeps a fixed time to let another process get going: it waits, with a
+//! deadline, for what the system reports. The waits for that are here, shared by every test:
+//! [`wait_for_stats`] (a producer's `Stats` answer: N consumers joined, one holding the feed
+//! back), [`wait_for_listener`] (a socket that accepts connections), [`wait_for_log_line`] (a
+//! line in a log file, e.g. a child's stderr from [`Fixture::spawn_logged`]) and
+//! [`wait_until`] for anything else a test can look at.
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // a test fixture fails loudly
 
@@ -16,6 +23,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ladle_procs::{Output, Proc, Signal};
+use ladle_ring::protocol::FeedStats;
 
 pub mod slurm;
 
@@ -193,6 +201,21 @@ impl Fixture {
         self.start(Command::new(argv[0]).args(&argv[1..]))
     }
 
+    /// Starts `PROGRAM ARGS` (`argv`) with its stderr written to `log` (created or
+    /// truncated) instead of collected, so that a test can wait for a line in it while the
+    /// child runs ([`wait_for_log_line`]); its [`Finished::stderr`] is then empty: read
+    /// `log`. (`Proc` hands a child's output out only once it has exited.)
+    pub fn spawn_logged(&mut self, argv: &[&str], log: &Path) -> usize {
+        // `sh` opens the file and `exec`s the program in its place: same pid, same group.
+        self.start(
+            Command::new("sh")
+                .arg("-c")
+                .arg("exec \"$0\" \"$@\" 2>\"$LADLE_TEST_STDERR\"")
+                .args(argv)
+                .env("LADLE_TEST_STDERR", log),
+        )
+    }
+
     fn start(&mut self, command: &mut Command) -> usize {
         let name = command.get_program().to_string_lossy().into_owned();
         self.children
@@ -228,8 +251,14 @@ impl Fixture {
                 );
             }
             assert!(Instant::now() < deadline, "ladle serve did not come up");
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
+    }
+
+    /// Asks the producer on the fixture's socket for its `Stats` until `ok` holds
+    /// ([`wait_for_stats`] with [`REPORT_GUARD`]); returns those stats.
+    pub fn wait_for_stats(&self, what: &str, ok: impl FnMut(&FeedStats) -> bool) -> FeedStats {
+        wait_for_stats(&self.socket(), REPORT_GUARD, what, ok)
     }
 
     /// Starts `ladle consume --json` on the fixture's socket.
@@ -291,6 +320,88 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         self.kill_all();
     }
+}
+
+/// Deadline of a wait on what the system reports ([`wait_until`] and the waits built on it):
+/// a hang guard, never a speed assertion.
+pub const REPORT_GUARD: Duration = Duration::from_secs(120);
+
+/// How often a wait looks again (the poll interval of a deadline loop, not a wait for
+/// something to happen).
+const POLL: Duration = Duration::from_millis(20);
+
+/// Calls `look` until it returns `Some`, looking every 20 ms, and returns what it found; fails
+/// the test naming `what` (and `look`'s last `Err`, if it had one) after `timeout`.
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut look: impl FnMut() -> Result<Option<T>, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        match look() {
+            Ok(Some(found)) => return found,
+            Ok(None) => {}
+            Err(e) => last = e,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not seen within {timeout:?} (a hang guard){}",
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!("; last: {last}")
+            }
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Asks the producer on `socket` for its `Stats` until `ok` holds (e.g.
+/// `|s| s.consumers.len() == 2`: both consumers joined), and returns those stats; fails the
+/// test naming `what` and the last stats after `timeout`. A look that fails (the producer busy
+/// or not up yet) is retried.
+pub fn wait_for_stats(
+    socket: &Path,
+    timeout: Duration,
+    what: &str,
+    mut ok: impl FnMut(&FeedStats) -> bool,
+) -> FeedStats {
+    wait_until(what, timeout, || {
+        match ladle_ring::protocol::feed_stats(socket, Duration::from_secs(10)) {
+            Ok(stats) if ok(&stats) => Ok(Some(stats)),
+            Ok(stats) => Err(format!("{stats:#?}")),
+            Err(e) => Err(format!("no stats from {}: {e}", socket.display())),
+        }
+    })
+}
+
+/// Waits until something accepts connections on the Unix socket `socket` (a producer's, a
+/// scheduler's); fails the test naming `what` after `timeout`.
+pub fn wait_for_listener(socket: &Path, timeout: Duration, what: &str) {
+    wait_until(
+        what,
+        timeout,
+        || match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(_) => Ok(Some(())),
+            Err(e) => Err(format!("{}: {e}", socket.display())),
+        },
+    );
+}
+
+/// Waits until the file `log` (a child's stderr from [`Fixture::spawn_logged`], a log the
+/// child writes) has a line containing `needle`, and returns that line; fails the test with
+/// the log's text after `timeout`.
+pub fn wait_for_log_line(log: &Path, needle: &str, timeout: Duration) -> String {
+    let what = format!("a line with {needle:?} in {}", log.display());
+    wait_until(&what, timeout, || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        match text.lines().find(|l| l.contains(needle)) {
+            Some(line) => Ok(Some(line.to_owned())),
+            None => Err(format!("the log so far:\n{text}")),
+        }
+    })
 }
 
 /// Spawns a [`sim_sweep`] of two runs of `ladle consume` (batch sizes 16 and 32, 10 ms a

@@ -39,9 +39,12 @@ fn a_consumer_joining_mid_epoch_gets_exact_coverage_without_waiting_for_the_next
     let mut fx = Fixture::new();
     let data = fx.dataset(200, 48, 40);
     fx.serve(&data, SERVE);
-    // A slow first consumer keeps the producer mid-epoch when the second joins.
+    // A slow first consumer keeps the producer mid-epoch when the second joins, which it does
+    // once the producer says the first has joined and samples have been published.
     let early = fx.consume(16, 2, &["--step-ms", "5"]);
-    std::thread::sleep(Duration::from_millis(700));
+    fx.wait_for_stats("the early consumer joined and samples published", |s| {
+        s.joins == 1 && s.published > 0
+    });
     let late = fx.consume(64, 2, &[]);
     let late = fx.wait(late, GUARD);
     late.assert_exact(2, "late joiner");
@@ -83,7 +86,8 @@ fn a_consumer_killed_mid_epoch_releases_its_hold_and_the_others_finish_exactly()
     let victim = fx.consume(32, 1000, &["--step-ms", "200"]);
     let a = fx.consume(32, 5, &[]);
     let b = fx.consume(64, 5, &[]);
-    std::thread::sleep(Duration::from_millis(800));
+    // Each consumer's cursor page is mapped before the producer lists it as a consumer.
+    fx.wait_for_stats("the three consumers joined", |s| s.consumers.len() == 3);
     let (_, live_maps) = count_fds_and_cursor_maps(producer);
     assert_eq!(live_maps, 3, "one cursor page mapped per live consumer");
     fx.signal(victim, 9);
@@ -124,7 +128,7 @@ fn a_killed_producer_makes_every_consumer_fail_promptly_instead_of_hanging() {
         .into_iter()
         .map(|b| fx.consume(b, 1000, &[]))
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    fx.wait_for_stats("both consumers joined", |s| s.consumers.len() == 2);
     fx.signal(serve, 9);
     for c in consumers {
         let done = fx.wait(c, Duration::from_secs(30));
@@ -143,7 +147,7 @@ fn sigterm_ends_the_stream_cleanly_and_tells_the_consumers() {
     let data = fx.dataset(100, 48, 40);
     let serve = fx.serve(&data, SERVE);
     let c = fx.consume(16, 1000, &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    fx.wait_for_stats("the consumer joined", |s| s.consumers.len() == 1);
     fx.signal(serve, 15);
     let producer = fx.wait(serve, Duration::from_secs(60));
     assert!(producer.status.success(), "{}", producer.stderr);

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ladle_tests::Fixture;
+use ladle_tests::{Fixture, wait_for_listener, wait_until};
 use serde_json::Value;
 
 /// Deadlock guard for anything we wait on; never a speed assertion.
@@ -132,12 +132,18 @@ fn spawn_daemon(fx: &mut Fixture, gpus: u32, extra: &[&str]) -> usize {
     }
     args.extend_from_slice(extra);
     let i = fx.spawn(&args);
-    let deadline = Instant::now() + GUARD;
-    while UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "ladle scheduler did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_listener(&socket, GUARD, "ladle scheduler coming up");
     i
+}
+
+/// The state of job `id` in a `ladle queue --json` answer (null if it is not there).
+fn state_in(queue: &Value, id: u64) -> Value {
+    queue["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .map_or(Value::Null, |j| j["state"].clone())
 }
 
 fn lines(path: &Path) -> Vec<String> {
@@ -269,12 +275,26 @@ fn out_of_memory_retries_are_bounded_and_other_failures_are_not_retried() {
 #[test]
 fn an_observed_peak_becomes_the_next_estimate_for_the_same_command() {
     let mut s = Scheduler::start(1, &[]);
-    let script = "echo 'ladle-sim: mem_mib=3000 sm=0.2'; sleep 1.5";
-    let first = s.submit(&[], script);
+    // The job runs until the daemon says it has seen its peak (the second, same command ends
+    // at once).
+    let release = s.file("release");
+    let script = format!(
+        "echo 'ladle-sim: mem_mib=3000 sm=0.2'; while [ ! -e {release} ]; do sleep 0.05; done"
+    );
+    let first = s.submit(&[], &script);
+    wait_until("the daemon seeing the job's peak", GUARD, || {
+        let job = s.job(first);
+        if job["peak_mib"] == 3000 {
+            Ok(Some(()))
+        } else {
+            Err(job.to_string())
+        }
+    });
+    std::fs::write(&release, "").unwrap();
     let job = s.wait_for(first, &["succeeded"]);
     assert_eq!(job["estimate_mib"], 4096, "the default estimate");
     assert_eq!(job["peak_mib"], 3000);
-    let second = s.submit(&[], script);
+    let second = s.submit(&[], &script);
     assert_eq!(
         s.job(second)["estimate_mib"],
         3300,
@@ -398,11 +418,9 @@ fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
     );
     let id = s.submit(&[], &script);
     s.wait_for(id, &["running"]);
-    let deadline = Instant::now() + GUARD;
-    while !Path::new(&started).exists() {
-        assert!(Instant::now() < deadline, "the job never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the job starting", GUARD, || {
+        Ok(Path::new(&started).exists().then_some(()))
+    });
     s.fx.signal(s.daemon, 15);
     let stopped = s.fx.wait(s.daemon, GUARD);
     assert!(
@@ -620,12 +638,20 @@ fn feeds_and_jobs_that_decode_for_themselves_share_the_cores_and_feed_consumers_
     s.wait_for(a, &["running"]);
     let b = s.submit(&["--cpus", "1", "--gpu-mem", "1GiB"], &hold);
     let c = s.submit(&["--feed", "imagenet", "--gpu-mem", "1GiB"], &hold);
-    s.wait_for(c, &["running"]);
-    std::thread::sleep(Duration::from_secs(2));
+    // `c`, submitted after `b`, starting is the daemon's word that an admission round has
+    // looked at `b` (queued before it) and passed it over: in that same look, `b` is queued.
+    let queue = wait_until("the feed's consumer running", GUARD, || {
+        let q = s.queue();
+        if state_in(&q, c) == "running" {
+            Ok(Some(q))
+        } else {
+            Err(q.to_string())
+        }
+    });
     assert_eq!(
-        s.job(b)["state"],
+        state_in(&queue, b),
         "queued",
-        "no core is free for a second DataLoader job"
+        "no core is free for a second DataLoader job: {queue}"
     );
     std::fs::write(&release, "").unwrap();
     for id in [a, b, c] {
@@ -731,7 +757,10 @@ fn a_gpu_in_exclusive_process_mode_without_mps_runs_one_job_at_a_time() {
     s.wait_for(first, &["running"]);
     let second = s.submit(&["--gpu-mem", "1GiB"], "true");
     // Twenty admission rounds at the tests' 100 ms tick: a 1 GiB job would have joined a
-    // GPU in the default mode long before.
+    // GPU in the default mode long before. Kept as a fixed wait: what is tested is that
+    // nothing happens, and the daemon reports no count of admission rounds (nor why a job
+    // waits) that the test could wait for instead; only one GPU, so no later job can start
+    // as a witness either.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(s.job(second)["state"], "queued");
     std::fs::write(&release, "").unwrap();

@@ -394,6 +394,8 @@ fn cleanup_child_starts_a_cluster_with_a_job_then_panics_or_hangs() {
     if mode == "panic" {
         panic!("a deliberate failure: the binary exits 101 and its cluster must go with it");
     }
+    // The hang is the behaviour under test: the parent kills this binary while it waits here,
+    // and its cluster must go with it. Not a wait for anything.
     std::thread::sleep(Duration::from_secs(600));
 }
 

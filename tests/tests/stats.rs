@@ -6,12 +6,12 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ladle_ring::protocol::{
     self, ClientMessage, FeedStats, Hello, PROTOCOL_VERSION, ServerMessage,
 };
-use ladle_tests::Fixture;
+use ladle_tests::{Fixture, wait_for_stats};
 
 /// Deadlock guard; never a speed assertion.
 const GUARD: Duration = Duration::from_secs(120);
@@ -22,15 +22,7 @@ fn stats(fx: &Fixture) -> FeedStats {
 
 /// Asks until `ok` holds (a hang guard, not a timing assertion).
 fn until(fx: &Fixture, what: &str, ok: impl Fn(&FeedStats) -> bool) -> FeedStats {
-    let deadline = Instant::now() + GUARD;
-    loop {
-        let s = stats(fx);
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}: never seen; last {s:#?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_stats(&fx.socket(), GUARD, what, ok)
 }
 
 #[test]

@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ladle_tests::{Fixture, ladle_bin, spawn_endless_sim_sweep};
+use ladle_tests::{
+    Fixture, ladle_bin, spawn_endless_sim_sweep, wait_for_listener, wait_for_log_line, wait_until,
+};
 use serde_json::Value;
 
 const GUARD: Duration = Duration::from_secs(300);
@@ -161,28 +163,29 @@ fn a_sweep_reuses_a_live_feed_of_the_same_dataset_and_transform() {
     ];
     let socket = fx.socket();
     let socket = socket.to_str().unwrap();
-    let deadline = std::time::Instant::now() + GUARD;
-    let serve = loop {
-        // The daemon may not listen yet: registering fails until it does.
-        let serve = fx.spawn(
+    // Registering fails (and `serve` exits) until the daemon listens.
+    wait_for_listener(
+        &Path::new(dir).join("scheduler.sock"),
+        GUARD,
+        "ladle scheduler coming up",
+    );
+    let serve = fx.spawn(
+        &[
             &[
-                &[
-                    "serve", "--socket", socket, "--name", "shared", "--dir", dir,
-                ][..],
-                &feed,
-            ]
-            .concat(),
-        );
-        std::thread::sleep(Duration::from_millis(500));
+                "serve", "--socket", socket, "--name", "shared", "--dir", dir,
+            ][..],
+            &feed,
+        ]
+        .concat(),
+    );
+    wait_until("the feed registered", GUARD, || {
         let queue = fx.run(&["queue", "--dir", dir], GUARD);
         if queue.stdout.contains("feed \"shared\"") {
-            break serve;
+            Ok(Some(()))
+        } else {
+            Err(format!("{}{}", queue.stdout, queue.stderr))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the feed never registered"
-        );
-    };
+    });
     let out = fx.path().join("sweep");
     let ladle = ladle_bin().to_str().unwrap();
     let done = fx.run(
@@ -251,23 +254,24 @@ fn a_sweep_that_needs_a_new_feed_waits_while_the_cores_are_taken() {
     ]);
     // A job that decodes for itself on both cores.
     let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", release.display());
-    let deadline = std::time::Instant::now() + GUARD;
-    loop {
-        let submitted = fx.run(
-            &[
-                "submit", "--dir", dir, "--cpus", "2", "--", "sh", "-c", &hold,
-            ],
-            GUARD,
-        );
-        if submitted.status.success() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{}", submitted.stderr);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_listener(
+        &Path::new(dir).join("scheduler.sock"),
+        GUARD,
+        "ladle scheduler coming up",
+    );
+    let submitted = fx.run(
+        &[
+            "submit", "--dir", dir, "--cpus", "2", "--", "sh", "-c", &hold,
+        ],
+        GUARD,
+    );
+    assert!(submitted.status.success(), "{}", submitted.stderr);
     let out = fx.path().join("sweep");
     let ladle = ladle_bin().to_str().unwrap();
-    let sweep = fx.spawn(&[
+    // Its stderr goes to a file, so that the test can see it say it waits.
+    let log = fx.path().join("sweep.log");
+    let sweep_args = [
+        ladle,
         "sweep",
         "--scheduler-dir",
         dir,
@@ -287,16 +291,18 @@ fn a_sweep_that_needs_a_new_feed_waits_while_the_cores_are_taken() {
         "consume",
         "--batch-size",
         "16",
-    ]);
-    std::thread::sleep(Duration::from_secs(3));
+    ];
+    let sweep = fx.spawn_logged(&sweep_args, &log);
+    // The sweep says it waits before it would start the feed.
+    wait_for_log_line(&log, "waiting for cores", GUARD);
     assert!(
         !out.join("feed.sock").exists(),
         "the feed started although both cores were taken"
     );
     std::fs::write(&release, "").unwrap();
     let done = fx.wait(sweep, GUARD);
-    assert!(done.status.success(), "{}", done.stderr);
-    assert!(done.stderr.contains("waiting for cores"), "{}", done.stderr);
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(done.status.success(), "{stderr}");
     fx.signal(daemon, 15);
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ladle_ring::CursorPage;
 use ladle_ring::protocol::{self, ClientMessage, Hello, PROTOCOL_VERSION, ServerMessage};
-use ladle_tests::{Finished, Fixture};
+use ladle_tests::{Finished, Fixture, wait_for_log_line};
 use serde_json::Value;
 
 /// Deadlock guard for one run; never a speed assertion.
@@ -56,8 +56,11 @@ fn hold_previous_loops_up_to_half_the_ring_finish_on_lengths_not_a_multiple_of_8
         let data = fx.dataset(len, 40, 36);
         fx.serve(&data, SMALL_RING);
         let first = fx.consume(batch, 3, &["--hold-previous", "--check-held"]);
-        // A late joiner at an unaligned start, also holding the previous batch.
-        std::thread::sleep(Duration::from_millis(150));
+        // A late joiner at an unaligned start, also holding the previous batch: it joins once
+        // the producer says the first one has and samples have been published.
+        fx.wait_for_stats("the first consumer joined and samples published", |s| {
+            s.joins == 1 && s.published > 0
+        });
         let late = fx.consume(
             batch,
             2,
@@ -95,7 +98,12 @@ fn a_stopped_consumer_is_let_go_the_others_go_on_and_on_resuming_it_still_reads_
             "--check-held",
         ];
         let stopped = fx.spawn(&[&consume[..], stopped_args].concat());
-        std::thread::sleep(Duration::from_millis(400));
+        // Stopped once the producer says it has joined and released samples: it is reading,
+        // mid-epoch (3 epochs at 50 ms a batch), holding a batch.
+        let pid = fx.pid(stopped);
+        fx.wait_for_stats("the consumer to stop reading", |s| {
+            s.consumers.iter().any(|c| c.pid == pid && c.released > 0)
+        });
         fx.signal(stopped, 19); // SIGSTOP, mid-epoch, holding a batch
         let later = fx.consume(64, 2, &["--hold-previous", "--check-held"]);
         assert_exact(
@@ -165,7 +173,7 @@ fn consumers_that_move_their_cursor_out_of_range_are_detached_and_nobody_else_no
     let data = fx.dataset(200, 40, 36);
     let serve = fx.serve(&data, SMALL_RING);
     let honest = fx.consume(50, 4, &["--hold-previous", "--check-held"]);
-    std::thread::sleep(Duration::from_millis(300));
+    fx.wait_for_stats("the honest consumer joined", |s| s.joins == 1);
     // Ahead of anything published: would let the producer overwrite what others hold.
     let (ahead, page, _, _) = raw_consumer(&fx.socket(), 16);
     page.release(u64::MAX / 2);
@@ -192,6 +200,7 @@ fn consumers_that_move_their_cursor_out_of_range_are_detached_and_nobody_else_no
                     start.saturating_sub(1)
                 });
                 k += 1;
+                // The hostile consumer's pace (its behaviour, not a wait for anything).
                 std::thread::sleep(Duration::from_millis(1));
             }
         })
@@ -248,7 +257,7 @@ fn sigterm_stops_a_producer_whose_socket_file_was_removed() {
     let data = fx.dataset(50, 40, 36);
     let serve = fx.serve(&data, SMALL_RING);
     let c = fx.consume(16, 1000, &[]);
-    std::thread::sleep(Duration::from_millis(300));
+    fx.wait_for_stats("the consumer joined", |s| s.consumers.len() == 1);
     std::fs::remove_file(fx.socket()).unwrap();
     fx.signal(serve, 15);
     let producer = fx.wait(serve, Duration::from_secs(20));
@@ -290,13 +299,8 @@ fn a_connection_flood_is_capped_and_refused_with_a_reason_and_a_slow_hello_is_cu
     let mut flood: Vec<UnixStream> = (0..40)
         .map(|_| UnixStream::connect(fx.socket()).unwrap())
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        threads(pid) <= own + 8,
-        "{} threads for 40 idle connections (cap 8)",
-        threads(pid)
-    );
-    // The last ones were refused with a reason.
+    // The last ones were refused with a reason. The producer accepts in order, so once the
+    // last one has its answer, it has handled all 40.
     let refused = flood.last_mut().unwrap();
     refused
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -305,6 +309,11 @@ fn a_connection_flood_is_capped_and_refused_with_a_reason_and_a_slow_hello_is_cu
     assert!(
         matches!(&message, ServerMessage::Reject { reason } if reason.contains("too many")),
         "{message:?}"
+    );
+    assert!(
+        threads(pid) <= own + 8,
+        "{} threads for 40 idle connections (cap 8)",
+        threads(pid)
     );
     // The first ones, which never say Hello, are cut off after the handshake deadline
     // even if they trickle bytes.
@@ -317,6 +326,7 @@ fn a_connection_flood_is_capped_and_refused_with_a_reason_and_a_slow_hello_is_cu
         .unwrap();
     loop {
         let _ = std::io::Write::write_all(trickler, b" ");
+        // A byte every 200 ms: the trickle is the behaviour under test.
         std::thread::sleep(Duration::from_millis(200));
         let mut byte = [0u8; 4096];
         trickler.set_nonblocking(true).unwrap();
@@ -357,7 +367,9 @@ fn out_of_file_descriptors_the_producer_backs_off_and_delivers_no_corrupt_sample
         "--socket",
         socket.to_str().unwrap(),
     ];
-    let serve = fx.spawn_program(&[&args[..], SMALL_RING].concat());
+    // Its stderr goes to a file, so that the test can see it run out of fds.
+    let log = fx.path().join("serve.log");
+    let serve = fx.spawn_logged(&[&args[..], SMALL_RING].concat(), &log);
     fx.wait_for_socket(serve);
     let pid = fx.pid(serve);
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
@@ -368,12 +380,15 @@ fn out_of_file_descriptors_the_producer_backs_off_and_delivers_no_corrupt_sample
         "the producer does not run under the low limit: {limits}"
     );
     let good = fx.consume(32, 3, &["--step-ms", "2"]);
-    std::thread::sleep(Duration::from_millis(300));
+    fx.wait_for_stats("the consumer joined", |s| s.joins == 1);
     // Take every descriptor the producer has left, and then some.
     let flood: Vec<UnixStream> = (0..120)
         .filter_map(|_| UnixStream::connect(&socket).ok())
         .collect();
+    wait_for_log_line(&log, "cannot accept a connection", GUARD);
     let cpu_before = cpu_seconds(pid);
+    // The CPU it uses over 2 s while out of fds is what is measured: the interval is the
+    // behaviour under test, not a wait for something to happen.
     std::thread::sleep(Duration::from_secs(2));
     let spent = cpu_seconds(pid) - cpu_before;
     assert!(
@@ -402,8 +417,15 @@ fn a_consumer_whose_futex_word_disagrees_with_its_cursor_does_not_make_the_produ
     word.store((start as u32) ^ 0xdead, std::sync::atomic::Ordering::SeqCst);
     // Another consumer reads, so the ring fills up to this one's cursor and the producer waits.
     let other = fx.consume(16, 1000, &[]);
-    std::thread::sleep(Duration::from_millis(1500));
+    let me = std::process::id();
+    fx.wait_for_stats("the raw consumer holding the feed back", |s| {
+        s.consumers
+            .iter()
+            .any(|c| c.pid == me && c.holding_back_s.is_some())
+    });
     let before = cpu_seconds(pid);
+    // The CPU it uses over 2 s while it waits is what is measured: the interval is the
+    // behaviour under test, not a wait for something to happen.
     std::thread::sleep(Duration::from_secs(2));
     let spent = cpu_seconds(pid) - before;
     assert!(
