@@ -1,6 +1,9 @@
 //! `ladle consume`: a consumer that reads epochs from a running producer and reports, per
 //! epoch, throughput and whether every dataset index arrived exactly once. Use it to try a
-//! producer out, or to stand in for a training job (`--step-ms` emulates its step time).
+//! producer out, or to stand in for a training job (`--step-ms` emulates its step time). It
+//! exits non-zero when an epoch's coverage is not exact (an index twice, one missing, one
+//! outside the dataset, or an epoch that ended short), after reporting every epoch; an epoch
+//! cut short by `--seconds` is incomplete, not inexact.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -166,6 +169,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
     let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut finished_epochs = 0u64;
+    // Epochs that ended (not cut short by --seconds) without exact coverage.
+    let mut inexact = Vec::new();
     for _ in 0..epochs {
         if out_of_time() {
             break;
@@ -177,6 +182,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let mut batches = 0u64;
         let mut bad = 0u64;
         let mut previous: Option<(Batch<'_>, u64)> = None;
+        let mut cut_short = false;
         let mut check = |batch: &Batch<'_>, received: u64| {
             if args.check_held && digest(batch) != received && batch.is_intact() {
                 corrupted += 1;
@@ -207,6 +213,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 drop(batch);
             }
             if out_of_time() {
+                cut_short = true;
                 break;
             }
         }
@@ -220,6 +227,9 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let samples = coverage.delivered;
         total_samples += samples;
         let exact = complete && coverage.exact(expected);
+        if !exact && (complete || !cut_short) {
+            inexact.push(number);
+        }
         let rate = per_second(samples, elapsed);
         if args.json {
             EpochRecord {
@@ -272,6 +282,13 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 consumer.rejoins()
             );
         }
+    }
+    if !inexact.is_empty() {
+        anyhow::bail!(
+            "coverage was not exact in epoch(s) {inexact:?} from {}: some dataset index arrived \
+             twice, not at all, or from outside the dataset",
+            consumer.socket().display()
+        );
     }
     Ok(())
 }

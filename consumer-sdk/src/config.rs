@@ -45,7 +45,9 @@ pub struct ConsumerConfig {
     /// The most batches this consumer may hold at once; asking for one more is
     /// [`ConsumerError::TooManyBatchesHeld`](crate::ConsumerError::TooManyBatchesHeld).
     pub max_batches_held: usize,
-    /// How long the producer may take to answer `Hello` (default 10 s).
+    /// How long connecting, saying `Hello` and receiving the producer's `Welcome` may take in
+    /// all, once the socket exists (default 10 s): one deadline, however slowly the answer
+    /// trickles in. It also bounds the reading of any later frame that has begun to arrive.
     pub handshake_timeout: Duration,
     /// How long [`Consumer::connect`](crate::Consumer::connect) waits for a socket that
     /// does not exist yet (default: `$LADLE_CONNECT_TIMEOUT` seconds, see

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ladle_ring::protocol::{self, ClientMessage, DatasetInfo, Hello, ServerMessage};
 use ladle_ring::{
-    ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, Schema, sys,
+    ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, Schema, shm, sys,
 };
 
 use crate::config::{self, ConsumerConfig};
@@ -203,15 +203,22 @@ enum Delivery {
 
 /// Connects to `socket`, retrying for up to `wait` while no file exists there yet (a feed
 /// still starting); any other error, a refused connection included, is returned at once.
-fn connect_waiting(socket: &Path, wait: Duration) -> std::io::Result<UnixStream> {
-    let deadline = std::time::Instant::now() + wait;
+/// Returns the stream and the deadline of the handshake: `handshake` from the attempt that
+/// found the socket, which bounds that connect too (a stopped producer's full queue).
+fn connect_waiting(
+    socket: &Path,
+    wait: Duration,
+    handshake: Duration,
+) -> std::io::Result<(UnixStream, Instant)> {
+    let waited = Instant::now() + wait;
     loop {
-        match UnixStream::connect(socket) {
-            Err(e) if e.kind() == ErrorKind::NotFound && std::time::Instant::now() < deadline => {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let deadline = Instant::now() + handshake;
+        match sys::connect_by(socket, deadline) {
+            Err(e) if e.kind() == ErrorKind::NotFound && Instant::now() < waited => {
+                let left = waited.saturating_duration_since(Instant::now());
                 std::thread::sleep(left.min(Duration::from_millis(50)));
             }
-            other => return other,
+            other => return other.map(|sock| (sock, deadline)),
         }
     }
 }
@@ -222,8 +229,9 @@ impl Consumer {
     ///
     /// Fails with a [`ConnectError`] naming the socket: no socket there, nobody listening, a
     /// foreign peer, a rejection, a version mismatch, a batch size outside
-    /// `1..=capacity/2`, no answer within [`ConsumerConfig::handshake_timeout`], or shared
-    /// memory that cannot be mapped.
+    /// `1..=capacity/2`, no `Welcome` within [`ConsumerConfig::handshake_timeout`] of
+    /// connecting (however slowly it trickles in), shared memory that cannot be mapped or
+    /// whose size is not sealed, or a start whose first epoch runs past sequence 2^64.
     pub fn connect(socket: impl AsRef<Path>, config: ConsumerConfig) -> Result<Self, ConnectError> {
         let socket = socket.as_ref().to_path_buf();
         if config.batch_size == 0 {
@@ -233,8 +241,10 @@ impl Consumer {
             return Err(ConnectError::ZeroMaxBatchesHeld { socket });
         }
         let started = std::time::Instant::now();
-        let sock = match connect_waiting(&socket, config.connect_timeout) {
-            Ok(sock) => sock,
+        let timeout = config.handshake_timeout.max(Duration::from_millis(1));
+        let connected = connect_waiting(&socket, config.connect_timeout, timeout);
+        let (sock, deadline) = match connected {
+            Ok(connected) => connected,
             Err(e) if e.kind() == ErrorKind::NotFound && config.connect_timeout.is_zero() => {
                 return Err(ConnectError::SocketMissing { socket });
             }
@@ -246,6 +256,9 @@ impl Consumer {
             }
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
                 return Err(ConnectError::NoProducer { socket });
+            }
+            Err(e) if e.kind() == ErrorKind::TimedOut => {
+                return Err(ConnectError::HandshakeTimeout { socket, timeout });
             }
             Err(source) => return Err(ConnectError::Connect { socket, source }),
         };
@@ -262,12 +275,12 @@ impl Consumer {
         if peer != ours {
             return Err(ConnectError::ForeignPeer { socket, peer, ours });
         }
-        let timeout = config.handshake_timeout.max(Duration::from_millis(1));
-        // Bounds the handshake, and later the reading of a frame that has begun to arrive.
-        if let Err(source) = sock
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| sock.set_write_timeout(Some(timeout)))
-        {
+        // Sending `Hello` gets what is left of the handshake's time; reading `Welcome` is
+        // bounded by the deadline however the bytes trickle in (`recv_by`).
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        if let Err(source) = sock.set_write_timeout(Some(left)) {
             return Err(ConnectError::Connect { socket, source });
         }
 
@@ -289,10 +302,18 @@ impl Consumer {
         if let Err(e) = protocol::send(&sock, &hello, &[]) {
             return Err(handshake_error(e, socket));
         }
-        let (message, fds) = match protocol::recv::<ServerMessage>(&sock) {
+        let (message, fds) = match protocol::recv_by::<ServerMessage>(&sock, deadline) {
             Ok(received) => received,
             Err(e) => return Err(handshake_error(e, socket)),
         };
+        // From here on the timeouts bound the reading (and writing) of one frame that has
+        // begun to arrive.
+        if let Err(source) = sock
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| sock.set_write_timeout(Some(timeout)))
+        {
+            return Err(ConnectError::Connect { socket, source });
+        }
         let welcome = match message {
             ServerMessage::Welcome(welcome) => welcome,
             ServerMessage::Reject { reason }
@@ -338,6 +359,20 @@ impl Consumer {
         }
         if welcome.dataset.len == 0 {
             return Err(ConnectError::EmptyDataset { socket });
+        }
+        if welcome.start_seq.checked_add(welcome.dataset.len).is_none() {
+            return Err(ConnectError::SequenceOverflow {
+                socket,
+                start_seq: welcome.start_seq,
+                len: welcome.dataset.len,
+            });
+        }
+        // Only memory whose size is sealed: a file the producer could shrink under the mapping
+        // would kill this process with SIGBUS at its next read.
+        for (fd, file) in [(&ring_fd, "ring"), (&cursor_fd, "cursor page")] {
+            if !shm::size_sealed(fd.as_fd()) {
+                return Err(ConnectError::UnsealedMemory { socket, file });
+            }
         }
         let mapped = ConsumerRing::map(ring_fd.as_fd(), layout)
             .and_then(|ring| Ok((ring, CursorPage::map(cursor_fd.as_fd())?)));
@@ -459,7 +494,8 @@ impl Consumer {
         state.seen.fill(0);
         state.seen_count = 0;
         state.catch_up = false;
-        let begin = self.epoch_start(&state, number);
+        // An epoch that starts past 2^64 is reported by its first `next`.
+        let begin = self.epoch_start(&state, number).unwrap_or(0);
         if state.next_seq < begin {
             state.next_seq = begin;
             self.release_locked(&mut state);
@@ -536,10 +572,23 @@ impl Consumer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn epoch_start(&self, state: &State, number: u64) -> u64 {
-        state
-            .base
-            .saturating_add(number.saturating_mul(self.dataset.len))
+    /// Where epoch `number` starts: `base + number·N`, `None` past sequence 2^64.
+    fn epoch_start(&self, state: &State, number: u64) -> Option<u64> {
+        number
+            .checked_mul(self.dataset.len)
+            .and_then(|offset| state.base.checked_add(offset))
+    }
+
+    /// Where epoch `number` ends, or the error that it ends past sequence 2^64 (no epoch is
+    /// ever cut short silently).
+    fn epoch_end(&self, state: &State, number: u64) -> Result<u64, ConsumerError> {
+        number
+            .checked_add(1)
+            .and_then(|next| self.epoch_start(state, next))
+            .ok_or_else(|| ConsumerError::SequenceOverflow {
+                socket: self.socket.clone(),
+                epoch: number,
+            })
     }
 
     /// Takes the next batch of epoch `number` and counts it as held, if that exceeds neither
@@ -550,7 +599,11 @@ impl Consumer {
         if state.catch_up && state.current_epoch == Some(number) {
             return Ok(Reserve::CatchUp);
         }
-        let Some((next, count)) = self.next_span(&state, number) else {
+        let span = match self.next_span(&state, number) {
+            Ok(span) => span,
+            Err(e) => return Err(self.fail(&mut state, e)),
+        };
+        let Some((next, count)) = span else {
             return Ok(Reserve::Done);
         };
         let held = state.held.len();
@@ -575,18 +628,18 @@ impl Consumer {
     /// The first sequence number and length of epoch `number`'s next batch, or `None` when it
     /// has no more: read to its end, only a partial batch left under `drop_last`, or
     /// superseded by a newer epoch.
-    fn next_span(&self, state: &State, number: u64) -> Option<(u64, u64)> {
+    fn next_span(&self, state: &State, number: u64) -> Result<Option<(u64, u64)>, ConsumerError> {
         if state.current_epoch != Some(number) {
-            return None;
+            return Ok(None);
         }
-        let end = self.epoch_start(state, number.saturating_add(1));
+        let end = self.epoch_end(state, number)?;
         let next = state.next_seq;
         let remaining = end.saturating_sub(next);
         let batch_size = u64::from(self.config.batch_size);
         if remaining == 0 || (self.config.drop_last && remaining < batch_size) {
-            return None;
+            return Ok(None);
         }
-        Some((next, remaining.min(batch_size)))
+        Ok(Some((next, remaining.min(batch_size))))
     }
 
     /// Hands out the reserved batch `first..first + count` (made in `generation`): records
@@ -720,7 +773,17 @@ impl Consumer {
             Some(k) if state.seen_count == 0 => (k, false),
             _ => (state.next_epoch, false),
         };
-        state.base = start.saturating_sub(number.saturating_mul(n));
+        // Epoch `number` starts at `start` (`base = start − number·N`), or at `number·N` when
+        // that lies beyond (the samples between are skipped): N consecutive samples either way.
+        let Some(offset) = number.checked_mul(n) else {
+            let error = ConsumerError::SequenceOverflow {
+                socket: socket(),
+                epoch: number,
+            };
+            return Err(self.fail(state, error));
+        };
+        state.base = start.saturating_sub(offset);
+        state.next_seq = start.max(offset);
         state.catch_up = catch_up;
         tracing::warn!(
             consumer_id = self.consumer_id,
@@ -759,7 +822,10 @@ impl Consumer {
                 if !state.catch_up {
                     break;
                 }
-                let end = self.epoch_start(&state, number.saturating_add(1));
+                let end = match self.epoch_end(&state, number) {
+                    Ok(end) => end,
+                    Err(e) => return Err(self.fail(&mut state, e)),
+                };
                 let first = state.next_seq;
                 if first >= end {
                     state.catch_up = false;
@@ -1027,7 +1093,13 @@ impl<C: Deref<Target = Consumer>> EpochOf<C> {
         if self.done {
             return Ok(true);
         }
-        let span = consumer.next_span(&consumer.state(), self.number);
+        let span = {
+            let mut state = consumer.state();
+            match consumer.next_span(&state, self.number) {
+                Ok(span) => span,
+                Err(e) => return Err(consumer.fail(&mut state, e)),
+            }
+        };
         match span {
             None => Ok(true),
             Some((next, count)) => {
@@ -1083,7 +1155,10 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                         return Some(Err(e));
                     }
                 },
-                Err(e) => return Some(Err(e)),
+                Err(e) => {
+                    self.done = e.is_final();
+                    return Some(Err(e));
+                }
             };
             if let Err(e) = consumer.wait_for(first + count) {
                 consumer.unhold(first);

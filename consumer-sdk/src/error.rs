@@ -108,7 +108,9 @@ pub enum ConnectError {
         /// [`RingLayout::max_batch`](ladle_ring::RingLayout::max_batch).
         max: u64,
     },
-    /// The producer did not answer `Hello` within the handshake timeout.
+    /// Connecting, saying `Hello` and receiving all of `Welcome` took longer than the handshake
+    /// timeout ([`ConsumerConfig::handshake_timeout`](crate::ConsumerConfig::handshake_timeout)),
+    /// however slowly the answer trickled in.
     #[error("{}: the producer did not answer within {timeout:?}", socket.display())]
     HandshakeTimeout {
         /// The control socket.
@@ -157,6 +159,34 @@ pub enum ConnectError {
     EmptyDataset {
         /// The control socket.
         socket: PathBuf,
+    },
+    /// The producer handed over a ring or cursor page whose size is not sealed
+    /// (`F_SEAL_SHRINK` and `F_SEAL_GROW`, checked with `F_GET_SEALS`): it could shrink the
+    /// file under this process's mapping and kill it with `SIGBUS`. Refused before mapping.
+    #[error(
+        "{}: the producer's {file} is not size-sealed (F_SEAL_SHRINK and F_SEAL_GROW); refusing \
+         to map memory it could shrink under this process (SIGBUS)",
+        socket.display()
+    )]
+    UnsealedMemory {
+        /// The control socket.
+        socket: PathBuf,
+        /// Which file: `"ring"` or `"cursor page"`.
+        file: &'static str,
+    },
+    /// The producer's start sequence leaves no room for a whole epoch before sequence 2^64.
+    #[error(
+        "{}: the producer starts this consumer at sequence {start_seq}, and an epoch of {len} \
+         samples from there runs past 2^64",
+        socket.display()
+    )]
+    SequenceOverflow {
+        /// The control socket.
+        socket: PathBuf,
+        /// The start sequence in `Welcome`.
+        start_seq: u64,
+        /// The dataset length (samples per epoch).
+        len: u64,
     },
     /// Mapping the ring or the cursor page failed.
     #[error("{}: cannot map the producer's shared memory: {source}", socket.display())]
@@ -211,6 +241,18 @@ pub enum ConsumerError {
         /// The most that can be held: `max_batches_held`, or fewer when the ring holds no
         /// more of them.
         max: usize,
+    },
+    /// Epoch `epoch` would run past sequence number 2^64: the feed cannot carry it whole, so
+    /// it is an error rather than a short epoch.
+    #[error(
+        "{}: epoch {epoch} would run past sequence number 2^64; the feed cannot carry it whole",
+        socket.display()
+    )]
+    SequenceOverflow {
+        /// The control socket.
+        socket: PathBuf,
+        /// The consumer's epoch.
+        epoch: u64,
     },
     /// The control protocol failed after the handshake (garbage or an oversize frame).
     #[error("{}: control protocol failed: {source}", socket.display())]

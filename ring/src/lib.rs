@@ -23,6 +23,9 @@
 //!   loom (`RUSTFLAGS="--cfg loom" cargo test -p ladle-ring --test loom --release`), and the
 //!   lease word a consumer delivers batches through and the producer lets a stalled consumer
 //!   go through (one compare-and-swap each, so exactly one wins).
+//! - [`wake_core`]: the publish/wake handshake (the waiter count, the wake target, the wake
+//!   word), generic over the futex and model-checked with loom in the same test file: no
+//!   wake-up is lost, with one waiting thread or several.
 //! - [`protocol`]: the typed, versioned, length-prefixed control messages, with fd passing.
 //!
 //! The ring file is sealed (`F_SEAL_FUTURE_WRITE`, `SHRINK`, `GROW`) once the producer has
@@ -39,6 +42,7 @@ pub mod schema;
 pub mod shm;
 mod sync;
 pub mod sys;
+pub mod wake_core;
 #[cfg(not(loom))]
 pub mod writer;
 

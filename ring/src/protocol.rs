@@ -28,6 +28,10 @@
 //! Version 4: the layout in `Welcome` carries the feed's [`Schema`](crate::Schema) (named
 //! fields of any dtype and shape, one ring region each) and the ring has a flags region; a
 //! consumer of another version is refused with a `Reject` that names both versions.
+//!
+//! Version 5: a consumer's cursor page keeps the count of its threads that sleep on the head
+//! and the target of the last to register in one word (`wake_core`), so that the producer
+//! never pairs a count with another moment's target (a lost wake-up, found by loom).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -40,7 +44,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;

@@ -9,6 +9,7 @@ use crate::layout::RingLayout;
 use crate::protocol_core;
 use crate::schema::MAX_FIELDS;
 use crate::sys::{self, Mapping, PAGE};
+use crate::wake_core::{self, Futex, WakeWords};
 use crate::writer::{self, Publisher, PublisherLock, TakenFlag};
 
 /// "ladlerng" in ASCII.
@@ -37,14 +38,14 @@ struct CursorWords {
     cursor: AtomicU64,
     /// Low 32 bits of `cursor`, the futex word the producer sleeps on.
     cursor_word: AtomicU32,
-    /// How many of the consumer's threads sleep on the head (so the producer knows to wake
-    /// them). With more than one, the producer wakes them on every publish (each re-checks
-    /// its own target), so that no thread's wake-up is lost to another's `wake_at`.
-    waiting: AtomicU32,
-    /// While one thread waits: the head it waits for (the end of its next batch).
-    wake_at: AtomicU64,
+    /// Who sleeps on the head, in one word: how many of the consumer's threads, and the head
+    /// the last of them to register waits for (the end of its next batch). With more than
+    /// one, the producer wakes them on every publish (each re-checks its own target). The
+    /// handshake on this word and the next is [`wake_core`]'s, model-checked with loom
+    /// (protocol version 5; version 4 kept the count and the target in two words).
+    waiters: AtomicU64,
     /// The futex word the consumer sleeps on; the producer bumps it to wake the consumer once
-    /// the head reaches `wake_at`, so a batch of B samples costs one wake-up, not B.
+    /// the head reaches the target, so a batch of B samples costs one wake-up, not B.
     wake_word: AtomicU32,
     /// The lease word ([`protocol_core::deliver`]): what the consumer has delivered, a count
     /// that changes on every delivery, and the let-go bit the producer sets on a consumer
@@ -135,10 +136,8 @@ impl<'a> SlotMut<'a> {
 #[derive(Debug)]
 pub struct ProducerRing {
     layout: RingLayout,
-    /// What consumers get: the sealed file, or a read-only open of it.
+    /// What consumers get: the sealed file.
     fd: OwnedFd,
-    /// The writable file, for worker processes that write slots ([`ProducerRing::create_with_writers`]).
-    writer: Option<OwnedFd>,
     header: Mapping,
     regions: Regions,
     id: u64,
@@ -147,43 +146,24 @@ pub struct ProducerRing {
 }
 
 impl ProducerRing {
-    /// Creates, maps (read-write), pre-faults and seals a ring of `layout`.
+    /// Creates, maps (read-write), pre-faults and seals a ring of `layout`. Only this
+    /// process's mapping is writable, for good: every source, the Python producer's worker
+    /// processes included, has its samples written through it (the workers into staging
+    /// buffers of their own, copied into the slot here).
     pub fn create(layout: RingLayout) -> Result<Self, ShmError> {
-        Self::create_inner(layout, false)
-    }
-
-    /// As [`ProducerRing::create`], for a ring whose slots other processes of the producer
-    /// write (the Python producer's workers, through [`ProducerRing::writer_fd`]). Such a
-    /// file cannot be sealed against writable mappings, so consumers get a read-only open
-    /// of it instead ([`ProducerRing::fd`]): they can no more map it writable, make their
-    /// mapping writable or resize it than with the seal. Needs `/proc`.
-    pub fn create_with_writers(layout: RingLayout) -> Result<Self, ShmError> {
-        Self::create_inner(layout, true)
-    }
-
-    fn create_inner(layout: RingLayout, writers: bool) -> Result<Self, ShmError> {
         let fd =
             sys::memfd("ladle-ring", layout.file_len()).map_err(ShmError::os("memfd_create"))?;
         let header = Mapping::new(fd.as_fd(), 0, PAGE, true, false)
             .map_err(ShmError::os("mapping the ring header"))?;
         let regions = Regions::map(fd.as_fd(), &layout, true)?;
         regions.prefault(true)?;
-        let (fd, writer) = if writers {
-            sys::seal_size(fd.as_fd()).map_err(ShmError::os("sealing the ring's size"))?;
-            let reader = sys::reopen_read_only(fd.as_fd())
-                .map_err(ShmError::os("opening the ring read-only for consumers"))?;
-            (reader, Some(fd))
-        } else {
-            // From here on nobody can map the file writable or resize it: consumers get it
-            // read-only whatever they try.
-            sys::seal_against_writers(fd.as_fd()).map_err(ShmError::os("sealing the ring"))?;
-            (fd, None)
-        };
+        // From here on nobody can map the file writable, write(2) it or resize it: consumers
+        // get it read-only whatever they try, a re-open through /proc included.
+        sys::seal_against_writers(fd.as_fd()).map_err(ShmError::os("sealing the ring"))?;
         let capacity = layout.capacity;
         let ring = Self {
             layout,
             fd,
-            writer,
             header,
             regions,
             id: writer::new_ring_id(),
@@ -192,12 +172,6 @@ impl ProducerRing {
         };
         ring.header().magic.store(MAGIC, Ordering::Release);
         Ok(ring)
-    }
-
-    /// The writable ring file of a ring made by [`ProducerRing::create_with_writers`], for
-    /// the producer's own worker processes; never for consumers.
-    pub fn writer_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.writer.as_ref().map(AsFd::as_fd)
     }
 
     /// The layout.
@@ -285,7 +259,9 @@ pub struct ConsumerRing {
 }
 
 impl ConsumerRing {
-    /// Maps the ring file received from the producer, read-only.
+    /// Maps the ring file received from the producer, read-only. A file from another process
+    /// must be checked with [`size_sealed`] first (the consumer SDK does): one that the
+    /// producer shrinks later would kill this process with `SIGBUS`.
     pub fn map(fd: BorrowedFd<'_>, layout: RingLayout) -> Result<Self, ShmError> {
         let actual = sys::file_len(fd).map_err(ShmError::os("fstat of the ring"))?;
         if actual != layout.file_len() {
@@ -334,21 +310,8 @@ impl ConsumerRing {
     /// spuriously: callers re-check). The producer wakes this consumer through its cursor
     /// page only once the head reaches `target`.
     pub fn wait_for_head(&self, cursor: &CursorPage, target: u64, timeout: std::time::Duration) {
-        let words = cursor.words();
-        words.wake_at.store(target, Ordering::SeqCst);
-        words.waiting.fetch_add(1, Ordering::SeqCst);
-        // Read the wake word before the head: a producer that publishes after this read
-        // either sees `waiting` and bumps the word (so the futex wait returns at once), or
-        // published before it, and then the head read below sees it. All SeqCst.
-        let word = words.wake_word.load(Ordering::SeqCst);
-        if self.head() < target && !self.ended() {
-            sys::futex_wait(&words.wake_word, word, timeout);
-        }
-        if words.waiting.fetch_sub(1, Ordering::SeqCst) > 1 {
-            // Others still wait, and `wake_at` may be this thread's target: ask for a wake-up
-            // at the next publish, when each of them re-registers its own.
-            words.wake_at.store(0, Ordering::SeqCst);
-        }
+        let ready = || self.head() >= target || self.ended();
+        wake_core::wait_for_head(cursor.wake_words(), &OsFutex, target, ready, timeout);
     }
 
     /// `count` samples of field `k` from sequence `start`, as one contiguous
@@ -431,7 +394,8 @@ impl CursorPage {
         })
     }
 
-    /// Consumer side: maps the page received from the producer.
+    /// Consumer side: maps the page received from the producer (after [`size_sealed`], as for
+    /// [`ConsumerRing::map`]).
     pub fn map(fd: BorrowedFd<'_>) -> Result<Self, ShmError> {
         let actual = sys::file_len(fd).map_err(ShmError::os("fstat of the cursor page"))?;
         if actual != PAGE as u64 {
@@ -456,6 +420,14 @@ impl CursorPage {
         unsafe { &*self.map.as_ptr().cast::<CursorWords>() }
     }
 
+    fn wake_words(&self) -> WakeWords<'_> {
+        let words = self.words();
+        WakeWords {
+            waiters: &words.waiters,
+            wake_word: &words.wake_word,
+        }
+    }
+
     /// Everything below this is released.
     pub fn cursor(&self) -> u64 {
         protocol_core::cursor(&self.words().cursor)
@@ -471,7 +443,7 @@ impl CursorPage {
 
     /// Producer: whether this consumer sleeps on the head.
     pub fn is_waiting(&self) -> bool {
-        self.words().waiting.load(Ordering::SeqCst) != 0
+        wake_core::waiting(self.words().waiters.load(Ordering::SeqCst)) != 0
     }
 
     /// Consumer: records that everything below `position` is delivered, as one atomic step
@@ -514,21 +486,12 @@ impl CursorPage {
     /// Producer, after publishing up to `head`: wakes this consumer if one of its threads
     /// sleeps waiting for a head at or below `head` (or several sleep). Returns whether it did.
     pub fn wake_if_due(&self, head: u64) -> bool {
-        let words = self.words();
-        let waiting = words.waiting.load(Ordering::SeqCst);
-        if waiting > 1 || (waiting == 1 && head >= words.wake_at.load(Ordering::SeqCst)) {
-            self.wake();
-            true
-        } else {
-            false
-        }
+        wake_core::wake_if_due(self.wake_words(), &OsFutex, head)
     }
 
     /// Producer: wakes this consumer whatever it waits for (the stream ended, say).
     pub fn wake(&self) {
-        let words = self.words();
-        words.wake_word.fetch_add(1, Ordering::SeqCst);
-        sys::futex_wake_all(&words.wake_word);
+        wake_core::wake(self.wake_words(), &OsFutex);
     }
 
     /// Producer: sleeps until this consumer's cursor moves past `seen` or `timeout` passes.
@@ -540,6 +503,29 @@ impl CursorPage {
             sys::futex_wait(&self.words().cursor_word, seen as u32, timeout);
         }
     }
+}
+
+/// The real futex, shared between processes, for [`wake_core`]'s handshake.
+struct OsFutex;
+
+impl Futex for OsFutex {
+    fn wait(&self, word: &AtomicU32, expected: u32, timeout: std::time::Duration) {
+        sys::futex_wait(word, expected, timeout);
+    }
+
+    fn wake_all(&self, word: &AtomicU32) {
+        sys::futex_wake_all(word);
+    }
+}
+
+/// Whether the size of the file behind `fd` is sealed for good: `F_SEAL_SHRINK` and
+/// `F_SEAL_GROW` are set (seals are never removed). Only such a file may be mapped from
+/// another process: one that shrinks under a mapping kills the process at its next access
+/// with `SIGBUS`. False for a file that cannot carry seals (not a memfd).
+pub fn size_sealed(fd: BorrowedFd<'_>) -> bool {
+    use rustix::fs::SealFlags;
+    rustix::fs::fcntl_get_seals(fd)
+        .is_ok_and(|seals| seals.contains(SealFlags::SHRINK | SealFlags::GROW))
 }
 
 /// The producer let this consumer go: it took no batch for the stall timeout while holding
@@ -641,31 +627,23 @@ mod tests {
     }
 
     #[test]
-    fn a_ring_with_writers_gives_consumers_a_file_they_cannot_write_map_writable_or_resize() {
-        let layout = RingLayout::image(512, 8, 8).unwrap();
-        let producer = ProducerRing::create_with_writers(layout).unwrap();
+    fn a_consumer_that_reopens_the_sealed_ring_for_writing_can_neither_write_nor_map_it() {
+        use std::os::fd::AsRawFd;
+        let producer = ring();
+        // What a consumer holding the fd can do: open the file again through /proc, read-write.
+        let path = format!("/proc/self/fd/{}", producer.fd().as_raw_fd());
+        let reopened = rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("the file itself may be opened read-write; the seal is what refuses writes");
         let (off, len) = producer.layout().field(0);
-        // A worker maps the writer file and writes; a consumer sees it.
-        let worker = Mapping::new(producer.writer_fd().unwrap(), off, len, true, false).unwrap();
-        // SAFETY: inside the mapping; nothing else touches it in this test.
-        unsafe { *worker.as_ptr() = 42 };
-        let err = Mapping::new(producer.fd(), off, len, true, false).unwrap_err();
-        assert_eq!(err, rustix::io::Errno::ACCESS);
-        let consumer = ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap();
-        // SAFETY: written above, nothing writes now.
-        assert_eq!(unsafe { consumer.field(0, 0, 1) }[0], 42);
-        assert_cannot_make_writable(&consumer);
-        assert!(rustix::fs::ftruncate(producer.fd(), 0).is_err());
-        assert!(
-            rustix::fs::ftruncate(producer.writer_fd().unwrap(), 0).is_err(),
-            "size sealed"
-        );
-        assert!(
-            ProducerRing::create(RingLayout::image(512, 8, 8).unwrap())
-                .unwrap()
-                .writer_fd()
-                .is_none()
-        );
+        let err = Mapping::new(reopened.as_fd(), off, len, true, false).unwrap_err();
+        assert_eq!(err, rustix::io::Errno::PERM, "mapped writable");
+        let err = rustix::io::pwrite(&reopened, &[1u8; 8], off).unwrap_err();
+        assert_eq!(err, rustix::io::Errno::PERM, "written with pwrite(2)");
+        assert!(rustix::fs::ftruncate(&reopened, 0).is_err(), "shrunk");
     }
 
     #[test]
@@ -764,6 +742,20 @@ mod tests {
                 "the near waiter slept on ({took:?})"
             );
         });
+    }
+
+    #[test]
+    fn rings_and_cursor_pages_have_their_size_sealed_and_other_files_do_not() {
+        let sealed = ring();
+        assert!(size_sealed(sealed.fd()));
+        let page = CursorPage::create(0).unwrap();
+        assert!(size_sealed(page.fd().unwrap()));
+        let unsealed = sys::memfd("t", PAGE as u64).unwrap();
+        assert!(!size_sealed(unsealed.as_fd()));
+        rustix::fs::fcntl_add_seals(&unsealed, rustix::fs::SealFlags::SHRINK).unwrap();
+        assert!(!size_sealed(unsealed.as_fd()), "only half sealed");
+        let file = tempfile::tempfile().unwrap();
+        assert!(!size_sealed(file.as_fd()), "not a memfd");
     }
 
     #[test]

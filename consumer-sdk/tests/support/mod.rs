@@ -1,9 +1,15 @@
 //! A small producer for tests, built on `ladle-ring` directly: a real Unix socket in its own
 //! temporary directory, a real shared-memory ring, one consumer. Cleans up in `Drop`, and a
-//! watchdog aborts the test binary if a test deadlocks.
+//! watchdog aborts the test binary if a test deadlocks. Some behaviours are hostile (an
+//! unsealed ring it can shrink, a `Welcome` trickled a byte at a time, duplicate indices):
+//! what a buggy or malicious producer could do to its consumers.
 
 #![allow(dead_code)] // each test file uses a different part
 
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +76,35 @@ pub(crate) enum Behaviour {
     /// consumer delivering nothing, let it go and publish nothing more until it rejoins
     /// (then attach it at the next sequence and go on).
     LetGoWhenFull { len: u64 },
+    /// Hostile: Welcome with this file unsealed (a copy of a real ring's header, or a fresh
+    /// cursor page), which [`TestProducer::shrink_unsealed`] then shrinks to nothing; publish
+    /// nothing.
+    Unsealed(Unsealed),
+    /// Hostile: answer `Hello` with the length of a large frame, then one byte of it every
+    /// 10 ms, until the consumer hangs up.
+    TrickleWelcome,
+    /// Hostile: serve as `serve(len, 0)`, but give sample `seq` the dataset index
+    /// `seq % len / 2 * 2` (every even index twice, no odd one): no epoch covers the dataset.
+    Duplicates { len: u64 },
+}
+
+/// Which file [`Behaviour::Unsealed`] leaves unsealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unsealed {
+    /// The ring.
+    Ring,
+    /// The consumer's cursor page.
+    CursorPage,
+}
+
+impl Unsealed {
+    /// The file's name in [`ConnectError::UnsealedMemory`](ladle_consumer::ConnectError).
+    pub(crate) fn file(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::CursorPage => "cursor page",
+        }
+    }
 }
 
 impl Behaviour {
@@ -95,6 +130,8 @@ struct Shared {
     saw_leave: AtomicBool,
     saw_eof: AtomicBool,
     cursor: Mutex<Option<Arc<CursorPage>>>,
+    /// The unsealed file of [`Behaviour::Unsealed`], once sent.
+    unsealed: Mutex<Option<File>>,
 }
 
 /// The running test producer; stops and removes its socket when dropped.
@@ -149,6 +186,15 @@ impl TestProducer {
     /// Whether the consumer's connection reached EOF.
     pub(crate) fn saw_eof(&self) -> bool {
         self.shared.saw_eof.load(Ordering::SeqCst)
+    }
+
+    /// [`Behaviour::Unsealed`]: shrinks the unsealed file to nothing, under any mapping of it.
+    pub(crate) fn shrink_unsealed(&self) {
+        let file = self.shared.unsealed.lock().unwrap();
+        file.as_ref()
+            .expect("no unsealed file sent")
+            .set_len(0)
+            .unwrap();
     }
 }
 
@@ -211,6 +257,64 @@ fn accept_one(listener: UnixListener, behaviour: Behaviour, shared: &Shared) {
             at_stop,
         } => serve(sock, len, start_seq, stop_at, at_stop, shared),
         Behaviour::LetGoWhenFull { len } => serve_letting_go(&sock, len, shared),
+        Behaviour::Unsealed(which) => {
+            let ring = ring();
+            let page = CursorPage::create(0).unwrap();
+            let (unsealed, fds) = match which {
+                Unsealed::Ring => {
+                    let copy = unsealed_copy(ring.fd(), ring.layout().file_len());
+                    let fds = [copy.as_fd(), page.fd().unwrap()].map(|fd| fd.try_clone_to_owned());
+                    (copy, fds)
+                }
+                Unsealed::CursorPage => {
+                    let copy = unsealed_copy(page.fd().unwrap(), 4096);
+                    let fds = [ring.fd(), copy.as_fd()].map(|fd| fd.try_clone_to_owned());
+                    (copy, fds)
+                }
+            };
+            let fds = fds.map(Result::unwrap);
+            *shared.unsealed.lock().unwrap() = Some(unsealed);
+            protocol::send(
+                &sock,
+                &ServerMessage::Welcome(welcome(&ring, 10, 0)),
+                &[fds[0].as_fd(), fds[1].as_fd()],
+            )
+            .unwrap();
+            hold(&sock, shared);
+        }
+        Behaviour::TrickleWelcome => trickle(sock, shared),
+        Behaviour::Duplicates { len } => {
+            serve_indices(sock, len, 0, None, AtStop::Hold, shared, &|seq| {
+                seq % len / 2 * 2
+            })
+        }
+    }
+}
+
+/// A memfd that can be resized, holding the first `len` bytes of `fd` (the ring's header
+/// page with its magic and head, or a fresh cursor page).
+fn unsealed_copy(fd: BorrowedFd<'_>, len: u64) -> File {
+    let source = File::from(fd.try_clone_to_owned().unwrap());
+    let copy = File::from(ladle_ring::sys::memfd("ladle-unsealed", len).unwrap());
+    let mut page = vec![0u8; 4096];
+    source.read_exact_at(&mut page, 0).unwrap();
+    copy.write_all_at(&page, 0).unwrap();
+    copy
+}
+
+/// Sends the length of a large frame, then one byte of it every 10 ms until the consumer
+/// hangs up or the test ends.
+fn trickle(mut sock: UnixStream, shared: &Shared) {
+    let len = (ladle_ring::protocol::MAX_FRAME as u32 - 1).to_le_bytes();
+    if sock.write_all(&len).is_err() {
+        return;
+    }
+    while !stopped(shared) {
+        if sock.write_all(b" ").is_err() {
+            shared.saw_eof.store(true, Ordering::SeqCst);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -317,8 +421,23 @@ fn serve(
     len: u64,
     start_seq: u64,
     stop_at: Option<u64>,
+    at_stop: AtStop,
+    shared: &Shared,
+) {
+    serve_indices(sock, len, start_seq, stop_at, at_stop, shared, &|seq| {
+        seq % len
+    });
+}
+
+/// [`serve`], sample `seq` holding dataset index `index(seq)`.
+fn serve_indices(
+    sock: UnixStream,
+    len: u64,
+    start_seq: u64,
+    stop_at: Option<u64>,
     mut at_stop: AtStop,
     shared: &Shared,
+    index: &dyn Fn(u64) -> u64,
 ) {
     let ring = ring();
     let mut readers = ring.readers().unwrap();
@@ -346,8 +465,8 @@ fn serve(
             let Gate::Loan(mut loan) = ring.try_loan(&readers) else {
                 break;
             };
-            write_image(&mut loan.slot(), seq % len);
-            head = loan.commit(seq % len).or(head);
+            write_image(&mut loan.slot(), index(seq));
+            head = loan.commit(index(seq)).or(head);
             seq += 1;
             wrote += 1;
         }
