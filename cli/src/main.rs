@@ -61,8 +61,11 @@ enum Command {
     Submit(scheduler::SubmitArgs),
     /// Show the scheduler's jobs and GPUs.
     Queue(scheduler::QueueArgs),
-    /// Cancel a queued or running job.
+    /// Cancel a queued, held or running job.
     Cancel(scheduler::CancelArgs),
+    /// Queue jobs the scheduler holds because a damaged journal line may concern them
+    /// (`ladle queue` shows them as held, with why).
+    Release(scheduler::ReleaseArgs),
     /// Print a job's stdout and stderr (every attempt).
     Logs(scheduler::LogsArgs),
     /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
@@ -106,6 +109,7 @@ fn main() -> std::process::ExitCode {
         Command::Submit(args) => scheduler::submit(args),
         Command::Queue(args) => scheduler::queue(args),
         Command::Cancel(args) => scheduler::cancel(args),
+        Command::Release(args) => scheduler::release(args),
         Command::Logs(args) => scheduler::logs(args),
         Command::Report(args) => match report::run(args) {
             Ok(code) => return code,

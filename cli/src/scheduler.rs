@@ -13,7 +13,7 @@ use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
 use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::job::{JobSpec, JobState};
 use ladle_scheduler::policy::Policy;
-use ladle_scheduler::protocol::{self, Request, Response};
+use ladle_scheduler::protocol::{self, JobQuery, JobView, Request, Response};
 use ladle_scheduler::telemetry::{ComputeSource, DcgmMode, SimScenario};
 use ladle_scheduler::units::{format_mib, parse_mib};
 
@@ -151,6 +151,18 @@ pub(crate) struct DaemonOptions {
     /// launches exactly-once stay in the state directory). `ladle logs` reads them there.
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
+    /// Finished jobs the scheduler keeps (in `ladle queue` and its journal's snapshot), the
+    /// newest; older ones are forgotten when the journal is compacted.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    keep_finished: usize,
+    /// Finished jobs whose log (and claim and status) files are kept, the newest; the
+    /// others' are removed.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    keep_logs: usize,
+    /// Days a finished job's files are kept at most, whatever --keep-logs says (0: no
+    /// limit).
+    #[arg(long, default_value_t = 30.0, value_name = "DAYS")]
+    keep_days: f64,
 }
 
 impl DaemonOptions {
@@ -222,6 +234,19 @@ impl DaemonOptions {
             config.allocated = Some(parse_gpu_list("--gpus", list)?);
         }
         config.log_dir = self.log_dir.clone();
+        if !(self.keep_days.is_finite() && self.keep_days >= 0.0) {
+            bail!("--keep-days must be a number ≥ 0");
+        }
+        config.retention.keep_finished = self.keep_finished;
+        config.retention.keep_logs = self.keep_logs;
+        config.retention.keep_logs_for = if self.keep_days > 0.0 {
+            Some(
+                std::time::Duration::try_from_secs_f64(self.keep_days * 86_400.0)
+                    .context("--keep-days is too large")?,
+            )
+        } else {
+            None
+        };
         Ok(config)
     }
 }
@@ -329,20 +354,59 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
 pub(crate) struct QueueArgs {
     #[command(flatten)]
     dir: DirArg,
-    /// Print one JSON object {"policy", "jobs": [...], "gpus": [...]}.
+    /// Print one JSON object {"policy", "jobs": [...], "gpus": [...], "totals", "omitted"}.
     #[arg(long)]
     json: bool,
+    /// Every job the scheduler knows, oldest first, read a page at a time (without it:
+    /// running and queued jobs and the latest finished ones).
+    #[arg(long)]
+    all: bool,
+    /// Only this job (repeatable).
+    #[arg(long = "id", value_name = "ID")]
+    ids: Vec<u64>,
+    /// Only jobs submitted with this feed (a sweep's runs carry its feed).
+    #[arg(long, value_name = "NAME")]
+    feed: Option<String>,
 }
 
 pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
     let response = args.dir.request(&Request::Queue)?;
-    if args.json {
-        crate::records::print_line(&serde_json::to_string(&response)?)?;
-        return Ok(());
-    }
-    let Response::Queue { policy, jobs, gpus } = response else {
+    let Response::Queue {
+        policy,
+        jobs,
+        gpus,
+        totals,
+        omitted,
+    } = response
+    else {
         bail!("unexpected answer: {response:?}");
     };
+    let paged = args.all || !args.ids.is_empty() || args.feed.is_some();
+    if args.json {
+        let (jobs, omitted) = if paged {
+            let mut all = Vec::new();
+            query_jobs(&args, |page| all.extend_from_slice(page))?;
+            let known = totals.queued
+                + totals.running
+                + totals.succeeded
+                + totals.failed
+                + totals.cancelled
+                + totals.interrupted;
+            let omitted = known.saturating_sub(all.len() as u64);
+            (all, omitted)
+        } else {
+            (jobs, omitted)
+        };
+        let answer = Response::Queue {
+            policy,
+            jobs,
+            gpus,
+            totals,
+            omitted,
+        };
+        crate::records::print_line(&serde_json::to_string(&answer)?)?;
+        return Ok(());
+    }
     println!("policy {policy}");
     // Jobs name GPUs by the scheduler's numbering, 0..k; under --gpus NVML's may differ.
     for (number, g) in gpus.iter().enumerate() {
@@ -371,7 +435,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             g.jobs
         );
     }
-    if let Response::Feeds { feeds, .. } = args.dir.request(&Request::Feeds)? {
+    if let Response::Feeds { feeds, omitted, .. } = args.dir.request(&Request::Feeds)? {
         for f in &feeds {
             println!(
                 "feed {:?} on {} ({}, {} decode threads, pid {})",
@@ -382,12 +446,94 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
                 f.pid
             );
         }
+        if omitted > 0 {
+            println!("… and {omitted} more feeds");
+        }
     }
+    println!(
+        "jobs: {} queued, {} running, {} succeeded, {} failed, {} cancelled, {} interrupted",
+        totals.queued,
+        totals.running,
+        totals.succeeded,
+        totals.failed,
+        totals.cancelled,
+        totals.interrupted
+    );
     println!(
         "{:>5}  {:<12} {:<6} {:>11} {:>9} {:>4}  command",
         "id", "state", "gpus", "estimate", "peak", "runs"
     );
-    for j in &jobs {
+    let mut guessed = false;
+    if paged {
+        query_jobs(&args, |page| {
+            guessed |= page.iter().any(|j| j.basis != Basis::Declared);
+            print_jobs(page);
+        })?;
+    } else {
+        guessed = jobs.iter().any(|j| j.basis != Basis::Declared);
+        print_jobs(&jobs);
+        if omitted > 0 {
+            println!(
+                "… {omitted} older finished jobs not listed (`ladle queue --all` lists every job)"
+            );
+        }
+    }
+    if guessed {
+        println!(
+            "estimate: m = measured for its family, ? = a guess (reserves memory, limits nothing)"
+        );
+    }
+    Ok(())
+}
+
+/// Pages through the jobs `--all`, `--id` and `--feed` ask for, handing each page to `page`
+/// as it comes; ids the scheduler does not know are an error, after the rest.
+fn query_jobs(args: &QueueArgs, mut page: impl FnMut(&[JobView])) -> anyhow::Result<()> {
+    let mut unknown = Vec::new();
+    // A query names at most MAX_QUERY_IDS jobs: more are asked in turn.
+    let chunks: Vec<Vec<u64>> = if args.ids.is_empty() {
+        vec![Vec::new()]
+    } else {
+        args.ids
+            .chunks(protocol::MAX_QUERY_IDS)
+            .map(<[u64]>::to_vec)
+            .collect()
+    };
+    for ids in chunks {
+        let mut query = JobQuery {
+            ids,
+            feed: args.feed.clone(),
+            after: None,
+        };
+        loop {
+            let response = args.dir.request(&Request::Jobs(query.clone()))?;
+            let Response::Jobs {
+                jobs,
+                unknown: missing,
+                next,
+            } = response
+            else {
+                bail!("unexpected answer: {response:?}");
+            };
+            page(&jobs);
+            if query.after.is_none() {
+                unknown.extend(missing);
+            }
+            match next {
+                Some(after) if query.after != Some(after) => query.after = Some(after),
+                _ => break,
+            }
+        }
+    }
+    if !unknown.is_empty() {
+        let ids: Vec<String> = unknown.iter().map(u64::to_string).collect();
+        bail!("the scheduler has no job {}", ids.join(", "));
+    }
+    Ok(())
+}
+
+fn print_jobs(jobs: &[JobView]) {
+    for j in jobs {
         let (state, gpus) = match &j.state {
             JobState::Queued => ("queued".to_owned(), "-".to_owned()),
             JobState::Running { gpus, .. } => (
@@ -401,6 +547,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             JobState::Failed { .. } => ("failed".to_owned(), "-".to_owned()),
             JobState::Cancelled => ("cancelled".to_owned(), "-".to_owned()),
             JobState::Interrupted { .. } => ("interrupted".to_owned(), "-".to_owned()),
+            JobState::Held { .. } => ("held".to_owned(), "-".to_owned()),
             _ => ("?".to_owned(), "-".to_owned()),
         };
         println!(
@@ -421,16 +568,13 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             j.attempts,
             j.spec.command.join(" ")
         );
-        if let JobState::Failed { reason } | JobState::Interrupted { reason } = &j.state {
+        if let JobState::Failed { reason }
+        | JobState::Interrupted { reason }
+        | JobState::Held { reason } = &j.state
+        {
             println!("{:>5}  └ {reason}", "");
         }
     }
-    if jobs.iter().any(|j| j.basis != Basis::Declared) {
-        println!(
-            "estimate: m = measured for its family, ? = a guess (reserves memory, limits nothing)"
-        );
-    }
-    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -439,6 +583,24 @@ pub(crate) struct CancelArgs {
     dir: DirArg,
     /// The job id (from `ladle submit` or `ladle queue`).
     id: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The held jobs to queue again (`ladle queue` shows them as held, with why).
+    #[arg(required = true)]
+    ids: Vec<u64>,
+}
+
+/// `ladle release`: queues held jobs (jobs a damaged journal line may concern).
+pub(crate) fn release(args: ReleaseArgs) -> anyhow::Result<()> {
+    for &id in &args.ids {
+        args.dir.request(&Request::Release { id })?;
+        println!("released job {id}: queued");
+    }
+    Ok(())
 }
 
 pub(crate) fn cancel(args: CancelArgs) -> anyhow::Result<()> {
@@ -460,9 +622,15 @@ pub(crate) struct LogsArgs {
 
 pub(crate) fn logs(args: LogsArgs) -> anyhow::Result<()> {
     let response = args.dir.request(&Request::Logs { id: args.id })?;
-    let Response::Logs { attempts, .. } = response else {
+    let Response::Logs {
+        attempts, omitted, ..
+    } = response
+    else {
         bail!("unexpected answer: {response:?}");
     };
+    if omitted > 0 {
+        eprintln!("({omitted} older attempts left out: their logs are in the same directory)");
+    }
     if attempts.is_empty() {
         eprintln!("job {} has not started yet", args.id);
     }

@@ -3,7 +3,8 @@
 //! In the picture of `docs/ARCHITECTURE.md` this crate sits beside the CLI, above the two
 //! halves it watches: it reads a producer's [`FeedStats`](ladle_ring::protocol::FeedStats)
 //! (in process, or with a `Stats` request on the feed's own socket) and the scheduler's
-//! `Queue` answer (on its socket), and nothing else. It never writes to a feed or a
+//! `Queue` overview (on its socket: running, queued and the latest finished jobs, and the
+//! totals over every job), and nothing else. It never writes to a feed or a
 //! scheduler.
 //!
 //! ```text
@@ -111,9 +112,18 @@ impl Source for Sockets {
         let mut feeds = self.feeds.clone();
         if let Some(socket) = &self.scheduler {
             let queue = match sched::request(socket, &Request::Queue, LOOK_TIMEOUT) {
-                Ok(Response::Queue { policy, jobs, gpus }) => {
-                    Ok(SchedulerView { policy, jobs, gpus })
-                }
+                Ok(Response::Queue {
+                    policy,
+                    jobs,
+                    gpus,
+                    totals,
+                    ..
+                }) => Ok(SchedulerView {
+                    policy,
+                    jobs,
+                    gpus,
+                    totals,
+                }),
                 Ok(other) => Err(format!("unexpected answer {other:?}")),
                 Err(e) => Err(e.to_string()),
             };
@@ -321,7 +331,10 @@ mod tests {
                 let (request, _) =
                     ladle_ring::protocol::recv::<ladle_ring::protocol::ClientMessage>(&stream)
                         .unwrap();
-                assert!(matches!(request, ladle_ring::protocol::ClientMessage::Stats));
+                assert!(matches!(
+                    request,
+                    ladle_ring::protocol::ClientMessage::Stats
+                ));
                 asked.wait();
                 let answer = ladle_ring::protocol::ServerMessage::Stats(feed_stats());
                 ladle_ring::protocol::send(&stream, &answer, &[]).unwrap();

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use ladle_ring::protocol::FeedStats;
 use ladle_scheduler::job::JobState;
-use ladle_scheduler::protocol::{GpuView, JobView};
+use ladle_scheduler::protocol::{GpuView, JobTotals, JobView};
 use serde::{Deserialize, Serialize};
 
 /// What one look at a feed and/or a scheduler saw.
@@ -30,10 +30,12 @@ pub struct Snapshot {
 pub struct SchedulerView {
     /// Admission policy.
     pub policy: String,
-    /// Every job, oldest first.
+    /// Running and queued jobs and the latest finished ones, oldest first.
     pub jobs: Vec<JobView>,
     /// Every GPU.
     pub gpus: Vec<GpuView>,
+    /// Every job the scheduler knows, counted by state (what the counters report).
+    pub totals: JobTotals,
 }
 
 /// One feed at one instant.
@@ -282,25 +284,20 @@ impl Rates {
 }
 
 fn scheduler_rows(time: f64, view: &SchedulerView, rows: &mut Rows) {
-    let mut row = SchedulerRow {
+    // The counters are the scheduler's totals over every job; `jobs` lists only some.
+    let t = &view.totals;
+    let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let row = SchedulerRow {
         time,
         policy: view.policy.clone(),
-        queued: 0,
-        running: 0,
-        succeeded: 0,
-        failed: 0,
-        admissions: 0,
-        oom_retries: 0,
+        queued: count(t.queued),
+        running: count(t.running),
+        succeeded: count(t.succeeded),
+        failed: count(t.failed + t.cancelled + t.interrupted),
+        admissions: t.admissions,
+        oom_retries: t.oom_retries,
     };
     for job in &view.jobs {
-        match job.state {
-            JobState::Queued => row.queued += 1,
-            JobState::Running { .. } => row.running += 1,
-            JobState::Succeeded => row.succeeded += 1,
-            _ => row.failed += 1,
-        }
-        row.admissions += u64::from(job.attempts);
-        row.oom_retries += u64::from(job.oom_retries);
         rows.jobs.push(JobRow {
             time,
             id: job.id,

@@ -89,12 +89,21 @@ pub enum JobState {
         /// What is known.
         reason: String,
     },
+    /// Held: a damaged journal line may concern it, so the scheduler neither starts it nor
+    /// guesses; `ladle release` queues it, `ladle cancel` drops it.
+    Held {
+        /// Why, and the commands to look at it and release it.
+        reason: String,
+    },
 }
 
 impl JobState {
     /// Whether the job will not run again.
     pub fn is_final(&self) -> bool {
-        !matches!(self, Self::Queued | Self::Running { .. })
+        !matches!(
+            self,
+            Self::Queued | Self::Running { .. } | Self::Held { .. }
+        )
     }
 }
 

@@ -9,9 +9,17 @@
 //! [`RequestError::GpuMemoryOutOfRange`], so no absurd size reaches admission's arithmetic.
 //!
 //! ```text
-//! → {"v":1,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
-//! ← {"v":1,"status":"submitted","id":7,"estimate_mib":6144}
+//! → {"v":2,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
+//! ← {"v":2,"status":"submitted","id":7,"estimate_mib":6144}
 //! ```
+//!
+//! **Every answer fits in a frame, by design.** No answer lists what only grows: `Queue` is
+//! an overview (running and queued jobs, the latest [`QUEUE_FINISHED`] finished ones, every
+//! GPU, and [`JobTotals`] over every job, with the count of jobs it leaves out); the rest is
+//! read a page at a time with [`Request::Jobs`] (by id, by feed, or all), each page as many
+//! jobs as fit. `Logs`, `Feeds` and `Error` answers are cut to fit the same way, and say
+//! what they left out. Version 2 (this one) brought the bounded answers; a version-1
+//! client is refused with an error naming both versions.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -26,7 +34,7 @@ use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Longest request or response line, bytes.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -38,10 +46,18 @@ pub const MAX_FRAME: usize = 1 << 20;
 pub enum Request {
     /// Queue a job.
     Submit(JobSpec),
-    /// List jobs and GPUs.
+    /// An overview of jobs and GPUs that always fits in a frame: see [`Response::Queue`].
     Queue,
-    /// Cancel a queued or running job.
+    /// Jobs by id, by feed, or all of them, a page at a time ([`Response::Jobs`]): what
+    /// `ladle queue --all` and a sweep following its runs ask.
+    Jobs(JobQuery),
+    /// Cancel a queued, held or running job.
     Cancel {
+        /// Job id.
+        id: JobId,
+    },
+    /// Queue a held job (one a damaged journal line may concern: `JobState::Held`).
+    Release {
         /// Job id.
         id: JobId,
     },
@@ -79,6 +95,31 @@ pub struct FeedSpec {
 /// Longest feed name.
 pub const MAX_FEED_NAME: usize = 128;
 
+/// Which jobs a [`Request::Jobs`] asks for: those that match every filter given, by id
+/// ascending, from after `after`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobQuery {
+    /// Only these jobs (at most [`MAX_QUERY_IDS`]); empty: any job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<JobId>,
+    /// Only jobs submitted with this feed (`submit --feed`; a sweep's runs carry its feed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feed: Option<String>,
+    /// Only jobs with a greater id: the previous page's [`Response::Jobs`] `next`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<JobId>,
+}
+
+/// Most ids one [`JobQuery`] names (so that the ids an answer reports unknown fit too).
+pub const MAX_QUERY_IDS: usize = 4096;
+
+/// Finished jobs the `Queue` overview lists, the latest first after every running and
+/// queued one.
+pub const QUEUE_FINISHED: usize = 100;
+
+/// Longest error message an answer carries, bytes (longer ones are cut, saying so).
+pub const MAX_MESSAGE: usize = 4096;
+
 impl Request {
     /// Checks what a well-formed request asks for.
     ///
@@ -100,6 +141,9 @@ impl Request {
             Self::Submit(JobSpec {
                 family: Some(name), ..
             }) if !is_plain_name(name) => Err(RequestError::BadFamily { name: name.clone() }),
+            Self::Jobs(JobQuery { ids, .. }) if ids.len() > MAX_QUERY_IDS => {
+                Err(RequestError::TooManyIds { ids: ids.len() })
+            }
             Self::Submit(JobSpec { env, .. }) => {
                 for (name, value) in env {
                     if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
@@ -154,6 +198,12 @@ pub enum RequestError {
     BadFeedName {
         /// The name.
         name: String,
+    },
+    /// A [`JobQuery`] naming more than [`MAX_QUERY_IDS`] jobs.
+    #[error("the query names {ids} jobs; ask for at most {MAX_QUERY_IDS} at a time")]
+    TooManyIds {
+        /// How many it names.
+        ids: usize,
     },
 }
 
@@ -232,6 +282,28 @@ pub struct AttemptLogs {
 /// How much of each log `logs` returns, bytes.
 pub const LOG_TAIL: usize = 64 * 1024;
 
+/// Every job the daemon knows, counted by state: what the `Queue` overview says of the jobs
+/// it does not list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobTotals {
+    /// Waiting (every job that is neither running nor final).
+    pub queued: u64,
+    /// Running or being started.
+    pub running: u64,
+    /// Ended with status 0.
+    pub succeeded: u64,
+    /// Ended otherwise (and any other final state).
+    pub failed: u64,
+    /// Cancelled.
+    pub cancelled: u64,
+    /// Interrupted (gone while the daemon was down, or stopped with it).
+    pub interrupted: u64,
+    /// Attempts started, over every job.
+    pub admissions: u64,
+    /// Out-of-memory retries, over every job.
+    pub oom_retries: u64,
+}
+
 /// What the daemon answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -244,17 +316,42 @@ pub enum Response {
         /// The estimate it will be admitted with, MiB.
         estimate_mib: u64,
     },
-    /// Jobs and GPUs.
+    /// An overview of jobs and GPUs, bounded: every running job, then every queued one,
+    /// then the latest [`QUEUE_FINISHED`] finished ones (newest first), as many of them as
+    /// fit in a frame.
     Queue {
         /// Admission policy.
         policy: String,
-        /// Every job, oldest first.
+        /// Running, queued, then the latest finished jobs.
         jobs: Vec<JobView>,
         /// Every GPU.
         gpus: Vec<GpuView>,
+        /// Every job, counted by state.
+        #[serde(default)]
+        totals: JobTotals,
+        /// Jobs the daemon knows that `jobs` leaves out (older finished ones; running or
+        /// queued ones only when more than fit): [`Request::Jobs`] pages through them.
+        #[serde(default)]
+        omitted: u64,
+    },
+    /// A page of the jobs a [`JobQuery`] asks for, by id ascending, as many as fit.
+    Jobs {
+        /// The jobs.
+        jobs: Vec<JobView>,
+        /// Ids the query names that the daemon does not know.
+        #[serde(default)]
+        unknown: Vec<JobId>,
+        /// More jobs match: ask again with `after` set to this.
+        #[serde(default)]
+        next: Option<JobId>,
     },
     /// The job is cancelled (queued) or being stopped (running).
     Cancelled {
+        /// Job id.
+        id: JobId,
+    },
+    /// The held job is queued again.
+    Released {
         /// Job id.
         id: JobId,
     },
@@ -262,8 +359,12 @@ pub enum Response {
     Logs {
         /// Job id.
         id: JobId,
-        /// One entry per attempt.
+        /// One entry per attempt, the latest as many as fit (tails cut from the front
+        /// to fit, the latest attempt's last).
         attempts: Vec<AttemptLogs>,
+        /// Older attempts left out for lack of room.
+        #[serde(default)]
+        omitted: u32,
     },
     /// The feed is registered.
     FeedRegistered {
@@ -280,6 +381,9 @@ pub enum Response {
         /// Of them, taken by live feeds' decode threads and running jobs that state `cpus`.
         #[serde(default)]
         cpus_busy: u32,
+        /// Live feeds left out for lack of room.
+        #[serde(default)]
+        omitted: u32,
     },
     /// The request failed.
     Error {
@@ -315,7 +419,9 @@ pub enum ProtocolError {
     #[error("frame longer than {MAX_FRAME} bytes")]
     Oversize,
     /// The peer speaks another version.
-    #[error("protocol version {0}, expected {VERSION}")]
+    #[error(
+        "protocol version {0}, expected {VERSION} (the client and the scheduler are different ladle releases)"
+    )]
     Version(u32),
     /// The connection closed before a full line.
     #[error("connection closed before a complete frame")]
@@ -340,6 +446,14 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
             path: path.to_owned(),
             source,
         })?;
+    decode_frame(&line)
+}
+
+/// Decodes one frame: `line` as read, at most [`MAX_FRAME`] bytes ending in a newline.
+///
+/// # Errors
+/// [`ProtocolError`] for oversize, incomplete or malformed frames and wrong versions.
+pub fn decode_frame<T: for<'de> Deserialize<'de>>(line: &[u8]) -> Result<T, ProtocolError> {
     if line.len() > MAX_FRAME {
         return Err(ProtocolError::Oversize);
     }
@@ -347,7 +461,7 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
         return Err(ProtocolError::Closed);
     }
     let value: serde_json::Value =
-        serde_json::from_slice(&line).map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
+        serde_json::from_slice(line).map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
     match value.get("v").and_then(serde_json::Value::as_u64) {
         Some(v) if v == u64::from(VERSION) => {}
         Some(v) => return Err(ProtocolError::Version(v.min(u64::from(u32::MAX)) as u32)),
@@ -370,6 +484,27 @@ pub fn read_request(reader: impl Read, path: &Path) -> Result<Request, ProtocolE
     Ok(request)
 }
 
+/// [`decode_frame`] of a request, checked ([`Request::validate`]).
+///
+/// # Errors
+/// As [`read_request`].
+pub fn decode_request(line: &[u8]) -> Result<Request, ProtocolError> {
+    let request: Request = decode_frame(line)?;
+    request.validate()?;
+    Ok(request)
+}
+
+/// One frame, its newline included: what [`write_frame`] writes.
+///
+/// # Errors
+/// [`ProtocolError::BadFrame`] for a body JSON cannot hold.
+pub fn encode_frame<T: Serialize>(body: &T) -> Result<Vec<u8>, ProtocolError> {
+    let mut line = serde_json::to_vec(&Frame { v: VERSION, body })
+        .map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
+    line.push(b'\n');
+    Ok(line)
+}
+
 /// Writes one frame.
 ///
 /// # Errors
@@ -379,9 +514,7 @@ pub fn write_frame<T: Serialize>(
     body: &T,
     path: &Path,
 ) -> Result<(), ProtocolError> {
-    let mut line = serde_json::to_vec(&Frame { v: VERSION, body })
-        .map_err(|e| ProtocolError::BadFrame(e.to_string()))?;
-    line.push(b'\n');
+    let line = encode_frame(body)?;
     writer
         .write_all(&line)
         .and_then(|()| writer.flush())
@@ -407,8 +540,13 @@ pub fn request(
     let stream = UnixStream::connect(socket).map_err(io)?;
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    write_frame(&stream, request, socket)?;
-    read_frame(&stream, socket)
+    // A daemon with too many connections answers why and closes without reading: the
+    // answer is there to read even when the request could not be written.
+    let wrote = write_frame(&stream, request, socket);
+    match (read_frame(&stream, socket), wrote) {
+        (Ok(answer), _) => Ok(answer),
+        (Err(_), Err(e)) | (Err(e), Ok(())) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -420,7 +558,7 @@ mod tests {
         let req = Request::Cancel { id: 3 };
         let mut buf = Vec::new();
         write_frame(&mut buf, &req, Path::new("x")).unwrap();
-        assert_eq!(buf, b"{\"v\":1,\"op\":\"cancel\",\"id\":3}\n");
+        assert_eq!(buf, b"{\"v\":2,\"op\":\"cancel\",\"id\":3}\n");
         let back: Request = read_frame(&buf[..], Path::new("x")).unwrap();
         assert_eq!(back, req);
     }
@@ -433,15 +571,15 @@ mod tests {
             Err(ProtocolError::BadFrame(_))
         ));
         assert!(matches!(
-            read_frame::<Request>(&b"{\"v\":2,\"op\":\"queue\"}\n"[..], p),
-            Err(ProtocolError::Version(2))
+            read_frame::<Request>(&b"{\"v\":3,\"op\":\"queue\"}\n"[..], p),
+            Err(ProtocolError::Version(3))
         ));
         assert!(matches!(
-            read_frame::<Request>(&b"{\"v\":1,\"op\":\"explode\"}\n"[..], p),
+            read_frame::<Request>(&b"{\"v\":2,\"op\":\"explode\"}\n"[..], p),
             Err(ProtocolError::BadFrame(_))
         ));
         assert!(matches!(
-            read_frame::<Request>(&b"{\"v\":1,\"op\":\"queue\"}"[..], p),
+            read_frame::<Request>(&b"{\"v\":2,\"op\":\"queue\"}"[..], p),
             Err(ProtocolError::Closed)
         ));
         let big = vec![b' '; MAX_FRAME + 10];
@@ -451,9 +589,37 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_version_1_request_is_refused_with_an_error_naming_both_versions() {
+        let e = read_request(&b"{\"v\":1,\"op\":\"queue\"}\n"[..], Path::new("x")).unwrap_err();
+        assert!(matches!(e, ProtocolError::Version(1)), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("protocol version 1, expected 2 (the client and the scheduler"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_job_query_naming_too_many_jobs_is_refused_and_its_filters_are_optional() {
+        let p = Path::new("x");
+        let q: Request = read_request(&b"{\"v\":2,\"op\":\"jobs\"}\n"[..], p).unwrap();
+        assert_eq!(q, Request::Jobs(JobQuery::default()));
+        let many = Request::Jobs(JobQuery {
+            ids: (0..=MAX_QUERY_IDS as u64).collect(),
+            ..JobQuery::default()
+        });
+        assert_eq!(
+            many.validate(),
+            Err(RequestError::TooManyIds {
+                ids: MAX_QUERY_IDS + 1
+            })
+        );
+    }
+
     fn submit_frame(gpu_mem_mib: u64) -> String {
         format!(
-            "{{\"v\":1,\"op\":\"submit\",\"command\":[\"true\"],\"cwd\":\"/\",\
+            "{{\"v\":2,\"op\":\"submit\",\"command\":[\"true\"],\"cwd\":\"/\",\
              \"gpu_mem_mib\":{gpu_mem_mib},\"gpus\":1,\"feed\":null,\"thread_percentage\":null}}\n"
         )
     }

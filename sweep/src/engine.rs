@@ -21,7 +21,7 @@ use ladle_observe::report::{Cost, FeedReport, RunReport, SweepReport};
 use ladle_producer::{Producer, ProducerConfig};
 use ladle_scheduler::daemon::{self, DaemonConfig};
 use ladle_scheduler::job::{JobId, JobSpec};
-use ladle_scheduler::protocol::{self, FeedSpec, Request, Response};
+use ladle_scheduler::protocol::{self, FeedSpec, JobQuery, JobView, Request, Response};
 
 use crate::SweepError;
 use crate::grid::{PlannedRun, Shard};
@@ -34,7 +34,7 @@ const POLL: Duration = Duration::from_millis(500);
 /// How long a client waits for the daemon's answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Queue requests that may fail in a row before the sweep gives up (and cancels its runs).
+/// Jobs requests that may fail in a row before the sweep gives up (and cancels its runs).
 const QUEUE_TRIES: u32 = 5;
 
 /// How long a run waits for its feed's socket to appear (`LADLE_CONNECT_TIMEOUT`).
@@ -162,6 +162,36 @@ impl Scheduler {
             Ok(other) => Ok(other),
             Err(e) => Err(err(e.to_string())),
         }
+    }
+
+    /// The scheduler's view of the jobs `ids`, a page at a time ([`Request::Jobs`]): what
+    /// the sweep follows its runs by, however many jobs the scheduler has seen.
+    fn jobs(&self, ids: &[JobId], what: &str) -> Result<Vec<JobView>, SweepError> {
+        let mut jobs = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(protocol::MAX_QUERY_IDS) {
+            let mut query = JobQuery {
+                ids: chunk.to_vec(),
+                ..JobQuery::default()
+            };
+            loop {
+                let Response::Jobs {
+                    jobs: page, next, ..
+                } = self.request(&Request::Jobs(query.clone()), what)?
+                else {
+                    return Err(SweepError::Scheduler {
+                        socket: self.socket.clone(),
+                        what: what.to_owned(),
+                        detail: "unexpected answer to a jobs request".into(),
+                    });
+                };
+                jobs.extend(page);
+                match next {
+                    Some(after) if query.after != Some(after) => query.after = Some(after),
+                    _ => break,
+                }
+            }
+        }
+        Ok(jobs)
     }
 
     fn answers(socket: &std::path::Path, timeout: Duration) -> bool {
@@ -451,8 +481,13 @@ pub fn run(
     let mut cancelled_at: Option<Instant> = None;
     let mut recorded = BTreeSet::new();
     loop {
-        let jobs = match scheduler.request(&Request::Queue, "following the runs") {
-            Ok(Response::Queue { jobs, .. }) => {
+        let pending: Vec<JobId> = runs
+            .iter()
+            .filter(|r| r.ended.is_none())
+            .map(|r| r.id)
+            .collect();
+        let jobs = match scheduler.jobs(&pending, "following the runs") {
+            Ok(jobs) => {
                 queue_failures = 0;
                 jobs
             }
@@ -468,7 +503,7 @@ pub fn run(
                 return Err(failed.err().unwrap_or_else(|| SweepError::Scheduler {
                     socket: scheduler.socket.clone(),
                     what: "following the runs".into(),
-                    detail: "unexpected answer to a queue request".into(),
+                    detail: "unexpected answer to a jobs request".into(),
                 }));
             }
         };

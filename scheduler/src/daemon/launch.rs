@@ -135,6 +135,14 @@ impl JobFiles {
     pub(super) fn stderr(&self, id: JobId, attempt: u32) -> PathBuf {
         self.log(id, attempt, "err")
     }
+
+    /// The directories that hold one `ID/` directory per job: the state directory's
+    /// `jobs/`, and the log directory when there is one.
+    pub(super) fn job_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![self.state_dir.join("jobs")];
+        dirs.extend(self.log_dir.clone());
+        dirs
+    }
 }
 
 /// The last `max` bytes of a file, lossily as text; empty when unreadable.
@@ -192,7 +200,7 @@ impl Daemon {
             exclusive: placement.exclusive,
             until_measured: placement.until_measured,
         };
-        if !self.commit(starting) {
+        if self.commit(starting).is_err() {
             return;
         }
         let now = self.now();

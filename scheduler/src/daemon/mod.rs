@@ -45,6 +45,15 @@
 //!
 //! A job journaled as finished never runs again; a queued job stays queued.
 //!
+//! ## A journal that went wrong
+//! An append that fails (a full disk) leaves nothing in the journal, and the request that
+//! needed it is answered with the error, which names the journal and the full disk; the
+//! daemon keeps serving. A torn last line is cut off with a warning naming its job and what
+//! was lost; a damaged line elsewhere holds the jobs it may concern (`state`'s module docs)
+//! with a warning giving the commands to look at them and release them (`ladle release`).
+//! The journal is compacted into a snapshot now and then, and finished jobs' files are
+//! pruned ([`Retention`], `compact`).
+//!
 //! ## Estimates, measurement, settling
 //! A submission's estimate is declared, measured for its family, or a guess
 //! ([`crate::estimate`]); admission reads the current one every round (a family measured
@@ -58,12 +67,19 @@
 //!
 //! ## Layout
 //! - `state`: the jobs as a pure fold of journal records (no process, file or GPU);
-//! - `server`: the socket (bounded per-connection time, peer uid) and the requests;
+//! - `server`: the socket (tokio on one thread: a connection cap, a deadline per request,
+//!   peer uid) and the requests; `answers`: the answers that could grow, built to fit a
+//!   frame;
 //! - `recover`: settling the attempts a previous daemon left open;
 //! - `launch`: starting attempts under the wrapper, reaping them, deciding what follows;
+//! - `compact`: compaction of the journal, forgetting old finished jobs, pruning files;
+//! - `hold`: held jobs (a damaged journal line) and `ladle release`;
 //! - `telemetry`: sampling the GPUs, measuring jobs' peaks, the GPU state admission sees;
 //! - this module: configuration, the `Daemon` that owns all of it, and [`run`]'s loop.
 
+mod answers;
+mod compact;
+mod hold;
 mod launch;
 mod recover;
 mod server;
@@ -89,8 +105,11 @@ use crate::telemetry::{
     Telemetry, TelemetryError,
 };
 
+pub use self::compact::Retention;
+pub use self::server::{ACCEPT_BACKOFF, HANDLER_THREADS, MAX_CONNECTIONS, REQUEST_TIMEOUT};
 pub use self::telemetry::SEEN_GRACE_S;
 
+use self::compact::Housekeeping;
 use self::launch::{JobFiles, Live};
 use self::state::Jobs;
 
@@ -178,12 +197,15 @@ pub struct DaemonConfig {
     pub sim_scenario: Option<SimScenario>,
     /// DCGM for NVML GPUs without GPM.
     pub dcgm: DcgmMode,
+    /// How many finished jobs (and their files) are kept, and when the journal is
+    /// compacted.
+    pub retention: Retention,
 }
 
 impl DaemonConfig {
     /// Defaults: policy `ladle`, GPUs `auto` (2 simulated GPUs of 40 GiB without NVML), MPS
     /// `auto`, 4 GiB default estimate, 3 retries, 1 s tick; logs in the state directory,
-    /// every GPU, jobs left running on stop.
+    /// every GPU, jobs left running on stop, [`Retention::default`].
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
@@ -203,6 +225,7 @@ impl DaemonConfig {
                 .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)),
             sim_scenario: None,
             dcgm: DcgmMode::Auto,
+            retention: Retention::default(),
         }
     }
 }
@@ -280,6 +303,8 @@ struct Daemon {
     /// Registered producer feeds by name; not journaled (a feed re-registers when it
     /// starts, and lives as long as its process).
     feeds: BTreeMap<String, Feed>,
+    /// Compaction and pruning.
+    housekeeping: Housekeeping,
 }
 
 /// A registered feed and the start time of its process (so a reused pid is not taken for it).
@@ -310,15 +335,18 @@ impl Daemon {
 
     /// Journals `record` and, only if that worked, applies it: for decisions (a submit, a
     /// start, a cancel) that must not happen unjournaled.
-    fn commit(&mut self, record: Record) -> bool {
+    ///
+    /// # Errors
+    /// The journal's, for the request that asked (nothing was recorded).
+    fn commit(&mut self, record: Record) -> Result<(), JournalError> {
         match self.journal.append(&record) {
             Ok(()) => {
                 self.jobs.apply(record);
-                true
+                Ok(())
             }
             Err(e) => {
                 tracing::error!("{e}");
-                false
+                Err(e)
             }
         }
     }
@@ -332,13 +360,14 @@ impl Daemon {
         self.jobs.apply(record);
     }
 
-    /// One round: sample (when due), reap, admit.
+    /// One round: sample (when due), reap, admit, compact (when due).
     fn tick(&mut self, sample: bool) {
         if sample {
             self.sample();
         }
         self.reap();
         self.admit();
+        self.housekeeping();
     }
 }
 
@@ -457,10 +486,12 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
     };
 
     report_gpus(&gpus, mps.is_some());
-    let (journal, records) = Journal::open(&dir.join("journal.jsonl"))?;
+    let (journal, replay) = Journal::replay(&dir.join("journal.jsonl"))?;
+    let dir_arg = hold::dir_arg(&dir);
+    let (jobs, held) = Jobs::replay(config.policy.learned_estimates, replay.entries, &dir_arg);
     let mut state = Daemon {
         journal,
-        jobs: Jobs::fold(config.policy.learned_estimates, records),
+        jobs,
         live: BTreeMap::new(),
         windows: vec![GpuWindows::default(); gpus.len()],
         stale: vec![false; gpus.len()],
@@ -480,8 +511,11 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         feeds: BTreeMap::new(),
         mps_env: mps.as_ref().map(Mps::env).unwrap_or_default(),
         clock: Instant::now(),
+        housekeeping: Housekeeping::new(config.retention.clone()),
     };
+    state.report_held(&held, &dir_arg);
     state.recover()?;
+    state.start_housekeeping();
 
     let socket = socket_path(&dir);
     let listener = server::bind(&socket)?;
@@ -489,17 +523,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         state: Mutex::new(state),
         wake: Condvar::new(),
     });
-    {
-        let shared = shared.clone();
-        let socket = socket.clone();
-        std::thread::Builder::new()
-            .name("ladle-scheduler-accept".to_owned())
-            .spawn(move || server::accept(listener, &shared, &socket))
-            .map_err(|source| DaemonError::Socket {
-                path: socket_path(&dir),
-                source,
-            })?;
-    }
+    let mut server = server::Server::start(listener, shared.clone(), socket.clone())?;
     tracing::info!(socket = %socket.display(), policy = %config.policy.name, "scheduler ready");
 
     let mut next_sample = Instant::now();
@@ -526,7 +550,9 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         state = stop_jobs(&shared, state, grace);
     }
     let running = state.jobs.running().count();
+    state.finish_pruning();
     drop(state);
+    server.stop();
     let _ = std::fs::remove_file(&socket);
     if let Some(mps) = mps {
         if mps.started_here() && running == 0 {

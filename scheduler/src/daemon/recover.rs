@@ -44,7 +44,9 @@ impl Daemon {
                                 .jobs
                                 .get(&id)
                                 .map_or((0, false), |j| (j.estimate.mib, j.exclusive));
-                            self.commit(Record::Requeued {
+                            // A fact once the claim is taken (the attempt can never run):
+                            // applied even if the journal fails.
+                            self.note(Record::Requeued {
                                 id,
                                 estimate_mib,
                                 basis: None,

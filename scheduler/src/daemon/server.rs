@@ -1,23 +1,52 @@
-//! The daemon's socket: a Unix socket (mode 0600, peer uid checked, 5 s per connection)
-//! taking one [`Request`] per connection, and the handlers of the requests.
+//! The daemon's socket: a Unix socket (mode 0600, peer uid checked) taking one [`Request`]
+//! per connection, served on one thread by a current-thread tokio runtime, and the
+//! handlers of the requests.
+//!
+//! What the socket promises, whatever its clients do:
+//! - at most [`MAX_CONNECTIONS`] connections at once; one more is answered with an error
+//!   saying why ("too many connections") and closed, without reading it;
+//! - one deadline, [`REQUEST_TIMEOUT`], for the whole request however slowly its bytes
+//!   come, and another for taking the whole answer: a client that trickles is cut off,
+//!   and holds no thread meanwhile (only a task and its socket);
+//! - garbage, a wrong version or a line over [`MAX_FRAME`] gets an error and closes that
+//!   connection only;
+//! - out of file descriptors (`EMFILE`), accepting backs off [`ACCEPT_BACKOFF`] instead of
+//!   spinning, and says so once;
+//! - threads: the serving thread and at most [`HANDLER_THREADS`] that run handlers, under
+//!   the daemon's lock (the state and the policy stay synchronous);
+//! - every answer fits in a frame ([`super::answers`]; an error message is cut to
+//!   [`MAX_MESSAGE`] bytes).
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
 
 use crate::job::{JobId, JobSpec};
 use crate::journal::Record;
-use crate::policy::windows_full;
-use crate::protocol::{
-    self, AttemptLogs, FeedSpec, GpuView, JobView, LOG_TAIL, ProtocolError, Request, Response,
-};
+use crate::protocol::{self, FeedSpec, MAX_FRAME, MAX_MESSAGE, Request, Response};
 use crate::sys;
 
-use super::launch::tail;
 use super::state::Stage;
 use super::{Daemon, DaemonError, Feed, Shared, now_unix};
+
+/// Most connections served at once; more are refused with a reason.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// How long a connection has, in all, to send its request, and again to take the answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long accepting pauses when the process is out of file descriptors.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Threads that run handlers (under the daemon's lock, so more would only wait).
+pub const HANDLER_THREADS: usize = 2;
 
 pub(super) fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
     let err = |source| DaemonError::Socket {
@@ -30,49 +59,245 @@ pub(super) fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
     }
     let listener = UnixListener::bind(socket).map_err(err)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
     Ok(listener)
 }
 
-pub(super) fn accept(listener: UnixListener, shared: &Arc<Shared>, socket: &Path) {
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        let shared = shared.clone();
-        let socket = socket.to_owned();
-        let spawned = std::thread::Builder::new()
-            .name("ladle-scheduler-conn".to_owned())
-            .spawn(move || serve(conn, &shared, &socket));
-        if let Err(e) = spawned {
-            tracing::warn!("cannot serve a connection: {e}");
+/// The socket being served, on its own thread, until [`Server::stop`] (or drop).
+pub(super) struct Server {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Serves `listener` (from [`bind`]) on a thread of its own.
+    pub(super) fn start(
+        listener: UnixListener,
+        shared: Arc<Shared>,
+        socket: PathBuf,
+    ) -> Result<Self, DaemonError> {
+        let err = |source| DaemonError::Socket {
+            path: socket.clone(),
+            source,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(HANDLER_THREADS)
+            .thread_name("ladle-sched-work")
+            .build()
+            .map_err(err)?;
+        let (stop, stopped) = oneshot::channel();
+        let path = socket.clone();
+        let thread = std::thread::Builder::new()
+            .name("ladle-sched-serve".to_owned())
+            .spawn(move || {
+                runtime.block_on(accept(listener, shared, Arc::from(path), stopped));
+                // Handlers in flight finish (they hold the daemon's lock briefly); a
+                // connection still talking is dropped.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })
+            .map_err(err)?;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops accepting and waits for the serving thread.
+    pub(super) fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the scheduler's socket thread panicked");
         }
     }
 }
 
-fn serve(conn: UnixStream, shared: &Shared, socket: &Path) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-    let response = match sys::peer_uid(&conn) {
-        Ok(uid) if uid == sys::my_uid() => match protocol::read_request(&conn, socket) {
-            Ok(request) => {
-                let response = shared.lock().handle(request);
-                shared.wake.notify_all();
-                response
-            }
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Counts a connection for as long as it lives.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn accept(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    socket: Arc<Path>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::UnixListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(socket = %socket.display(), "cannot serve the socket: {e}");
+            return;
+        }
+    };
+    let live = Arc::new(AtomicUsize::new(0));
+    let mut out_of_fds_since: Option<Instant> = None;
+    let mut refused = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => accepted,
+        };
+        let conn = match accepted {
+            Ok((conn, _)) => conn,
             Err(e) => {
-                tracing::debug!("bad request: {e}");
-                Response::Error {
-                    message: e.to_string(),
+                // EMFILE / ENFILE / ENOBUFS: the connection stays queued; retrying at once
+                // would spin. Say so once per episode and back off.
+                if out_of_fds_since.is_none() {
+                    tracing::warn!(socket = %socket.display(), "cannot accept a connection ({e}); backing off");
+                }
+                out_of_fds_since.get_or_insert_with(Instant::now);
+                tokio::select! {
+                    _ = &mut stop => return,
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
                 }
             }
+        };
+        if let Some(since) = out_of_fds_since.take() {
+            tracing::info!(
+                "accepting connections again after {:.1} s",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        if live.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            if refused == 0 {
+                tracing::warn!(
+                    socket = %socket.display(),
+                    "{MAX_CONNECTIONS} connections open: refusing more until some close"
+                );
+            }
+            refused += 1;
+            refuse(&conn);
+            continue;
+        }
+        if refused > 0 {
+            tracing::info!(refused, "serving connections again");
+            refused = 0;
+        }
+        live.fetch_add(1, Ordering::SeqCst);
+        let counted = Counted(live.clone());
+        let (shared, socket) = (shared.clone(), socket.clone());
+        tokio::spawn(async move {
+            let _counted = counted;
+            serve(conn, shared, &socket).await;
+        });
+    }
+}
+
+/// Tells a connection over the cap why it is closed, if its socket buffer takes the line
+/// now (a new socket's does); never waits for it.
+fn refuse(conn: &UnixStream) {
+    let line = encode(Response::Error {
+        message: format!(
+            "too many connections: this scheduler serves at most {MAX_CONNECTIONS} at once; \
+             try again"
+        ),
+    });
+    let _ = conn.try_write(&line);
+}
+
+/// One connection: its request within [`REQUEST_TIMEOUT`], the handler on a blocking
+/// thread, the answer within [`REQUEST_TIMEOUT`].
+async fn serve(mut conn: UnixStream, shared: Arc<Shared>, socket: &Path) {
+    let line = match sys::peer_uid(&conn) {
+        Ok(uid) if uid == sys::my_uid() => match read_request(&mut conn).await {
+            Ok(request) => {
+                let handled = tokio::task::spawn_blocking(move || {
+                    let response = shared.lock().handle(request);
+                    shared.wake.notify_all();
+                    encode(response)
+                })
+                .await;
+                handled.unwrap_or_else(|e| {
+                    tracing::error!("a request's handler failed: {e}");
+                    encode(Response::Error {
+                        message: "the scheduler failed to handle the request (see its log)"
+                            .to_owned(),
+                    })
+                })
+            }
+            Err(message) => {
+                tracing::debug!(socket = %socket.display(), "bad request: {message}");
+                encode(Response::Error { message })
+            }
         },
-        Ok(uid) => Response::Error {
+        Ok(uid) => encode(Response::Error {
             message: format!("permission denied: uid {uid} is not the scheduler's"),
-        },
-        Err(e) => Response::Error {
+        }),
+        Err(e) => encode(Response::Error {
             message: format!("cannot identify the peer: {e}"),
-        },
+        }),
     };
-    if let Err(e @ ProtocolError::Io { .. }) = protocol::write_frame(&conn, &response, socket) {
-        tracing::debug!("cannot answer a client: {e}");
+    match tokio::time::timeout(REQUEST_TIMEOUT, conn.write_all(&line)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(socket = %socket.display(), "cannot answer a client: {e}"),
+        Err(_) => tracing::debug!(
+            socket = %socket.display(),
+            "a client did not take its answer within {REQUEST_TIMEOUT:?}"
+        ),
+    }
+}
+
+/// Reads one request line, all of it within [`REQUEST_TIMEOUT`], and decodes it.
+async fn read_request(conn: &mut UnixStream) -> Result<Request, String> {
+    let mut line = Vec::new();
+    let mut reader = BufReader::new(conn.take(MAX_FRAME as u64 + 1));
+    match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
+        Err(_) => Err(format!(
+            "no complete request within {} s: closing the connection",
+            REQUEST_TIMEOUT.as_secs()
+        )),
+        Ok(Err(e)) => Err(format!("reading the request: {e}")),
+        Ok(Ok(_)) => protocol::decode_request(&line).map_err(|e| e.to_string()),
+    }
+}
+
+/// `response` framed, never over [`MAX_FRAME`]: an error message is cut to
+/// [`MAX_MESSAGE`] bytes; an answer that would still not fit (a bug: answers are built to
+/// fit) becomes an error saying so.
+fn encode(response: Response) -> Vec<u8> {
+    let response = match response {
+        Response::Error { mut message } => {
+            if message.len() > MAX_MESSAGE {
+                let mut end = MAX_MESSAGE;
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                message.truncate(end);
+                message.push_str("… (cut)");
+            }
+            Response::Error { message }
+        }
+        other => other,
+    };
+    match protocol::encode_frame(&response) {
+        Ok(line) if line.len() <= MAX_FRAME => line,
+        framed => {
+            let why = match framed {
+                Ok(line) => format!("the answer would be {} bytes", line.len()),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!("cannot send an answer: {why}");
+            let error = Response::Error {
+                message: format!("the scheduler cannot send its answer: {why}"),
+            };
+            protocol::encode_frame(&error).unwrap_or_default()
+        }
     }
 }
 
@@ -81,14 +306,12 @@ impl Daemon {
         match request {
             Request::Submit(spec) => self.submit(spec),
             Request::Queue => self.queue_view(),
+            Request::Jobs(query) => self.jobs_page(&query),
             Request::Cancel { id } => self.cancel(id),
+            Request::Release { id } => self.release(id),
             Request::Logs { id } => self.logs(id),
             Request::RegisterFeed(feed) => self.register_feed(feed),
-            Request::Feeds => Response::Feeds {
-                feeds: self.live_feeds().map(|f| f.spec.clone()).collect(),
-                cpu_cores: self.cpu_cores,
-                cpus_busy: self.cpus_busy(),
-            },
+            Request::Feeds => self.feeds(),
         }
     }
 
@@ -105,7 +328,7 @@ impl Daemon {
     }
 
     /// The feeds whose serving process is still the one that registered.
-    fn live_feeds(&mut self) -> impl Iterator<Item = &Feed> {
+    pub(super) fn live_feeds(&mut self) -> impl Iterator<Item = &Feed> {
         self.feeds.retain(|_, f| {
             let alive = sys::start_ticks(f.spec.pid) == Some(f.started);
             if !alive {
@@ -194,65 +417,13 @@ impl Daemon {
             basis: estimate.basis,
             at: now_unix(),
         };
-        if !self.commit(record) {
+        if let Err(e) = self.commit(record) {
             return Response::Error {
-                message: "the journal cannot be written; job not accepted".to_owned(),
+                message: format!("{e}; job not accepted"),
             };
         }
         tracing::info!(job = id, estimate_mib, basis = ?estimate.basis, "submitted");
         Response::Submitted { id, estimate_mib }
-    }
-
-    fn queue_view(&self) -> Response {
-        let mut counts = vec![0u32; self.gpus.len()];
-        for (_, attempt) in self.jobs.running() {
-            for &g in &attempt.gpus {
-                if let Some(c) = counts.get_mut(g) {
-                    *c += 1;
-                }
-            }
-        }
-        Response::Queue {
-            policy: self.engine.policy().name.clone(),
-            jobs: self
-                .jobs
-                .jobs
-                .values()
-                .map(|j| JobView {
-                    id: j.id,
-                    spec: j.spec.clone(),
-                    state: j.state(),
-                    estimate_mib: j.estimate.mib,
-                    basis: j.estimate.basis,
-                    family: j.family.clone(),
-                    measured: j.measured,
-                    exclusive: j.exclusive,
-                    attempts: j.attempts,
-                    oom_retries: j.oom_retries,
-                    peak_mib: j
-                        .peak_mib
-                        .max(self.live.get(&j.id).and_then(|l| l.peak_mib)),
-                    submitted_at: j.submitted_at,
-                })
-                .collect(),
-            gpus: self
-                .gpus
-                .iter()
-                .enumerate()
-                .map(|(i, info)| {
-                    let last = self.windows[i].last.as_ref();
-                    GpuView {
-                        info: info.clone(),
-                        memory_used_mib: last.map_or(0, |s| s.memory_used_mib),
-                        sm_activity_risk: self.windows[i].risk().sm_activity,
-                        utilization: last.map_or(0.0, |s| s.utilization),
-                        sm_activity: last.and_then(|s| s.sm_activity),
-                        jobs: counts[i],
-                        window_full: windows_full(&self.windows[i]),
-                    }
-                })
-                .collect(),
-        }
     }
 
     fn cancel(&mut self, id: JobId) -> Response {
@@ -263,9 +434,9 @@ impl Daemon {
         };
         match &job.stage {
             Stage::Queued => {
-                if !self.commit(Record::Cancelled { id }) {
+                if let Err(e) = self.commit(Record::Cancelled { id }) {
                     return Response::Error {
-                        message: "the journal cannot be written".to_owned(),
+                        message: format!("{e}; job {id} not cancelled"),
                     };
                 }
                 Response::Cancelled { id }
@@ -289,27 +460,5 @@ impl Daemon {
                 message: format!("job {id} has already ended ({state:?})"),
             },
         }
-    }
-
-    fn logs(&self, id: JobId) -> Response {
-        let Some(job) = self.jobs.jobs.get(&id) else {
-            return Response::Error {
-                message: format!("no job {id}"),
-            };
-        };
-        let attempts = (1..=job.attempts)
-            .map(|attempt| {
-                let stdout_path = self.files.stdout(id, attempt);
-                let stderr_path = self.files.stderr(id, attempt);
-                AttemptLogs {
-                    attempt,
-                    stdout: tail(&stdout_path, LOG_TAIL),
-                    stderr: tail(&stderr_path, LOG_TAIL),
-                    stdout_path,
-                    stderr_path,
-                }
-            })
-            .collect();
-        Response::Logs { id, attempts }
     }
 }

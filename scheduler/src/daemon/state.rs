@@ -6,12 +6,25 @@
 //! running daemon changes its jobs only by journaling a record and applying the same
 //! record ([`Jobs::apply`]). A running attempt's process id lives in one place, its
 //! [`Attempt`]; [`Job::state`] derives the protocol's [`JobState`] from it.
+//!
+//! ## Damaged lines: hold, never guess
+//! [`Jobs::replay`] folds a journal read back with its damaged lines in place. A damaged
+//! line names the job it was about when its start is readable; otherwise it may be about
+//! any job submitted before it. Of those jobs, every one that the records after the line do
+//! not settle (a `starting`, `finished`, `requeued`, `cancelled` or `released` of it) and
+//! that the fold leaves queued is **held**: the line may have been its cancel or the start
+//! of an attempt that ran, so running it could run it twice. A job named only by a
+//! damaged line or by records after one, or whose id is missing from the ids the journal
+//! handed out, lost its submission: it is held too, with its command unknown (it can only
+//! be cancelled). A job the fold leaves running is settled by recovery as always, from its
+//! claim and status files, which do not depend on the journal. A held job keeps its place
+//! out of the queue until `ladle release` (journaled `released`) or `ladle cancel`.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::estimate::{Basis, Estimate, Families, family_key};
 use crate::job::{JobId, JobSpec, JobState};
-use crate::journal::{Outcome, Record};
+use crate::journal::{Damage, Entry, Outcome, Record};
 
 /// One attempt of a job, as journaled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +78,8 @@ pub(super) struct Job {
     pub peak_mib: Option<u64>,
     /// Its current attempt's peak has been measured (journaled `measured`).
     pub measured: bool,
+    /// Held (out of the queue, not started) and why: see the module docs.
+    pub held: Option<String>,
 }
 
 impl Job {
@@ -79,6 +94,9 @@ impl Job {
     /// The protocol's view of where it stands.
     pub(super) fn state(&self) -> JobState {
         match &self.stage {
+            Stage::Queued if self.held.is_some() => JobState::Held {
+                reason: self.held.clone().unwrap_or_default(),
+            },
             Stage::Queued => JobState::Queued,
             Stage::Running(a) => JobState::Running {
                 gpus: a
@@ -104,6 +122,9 @@ pub(super) struct Jobs {
     /// Queued jobs whose estimate is a guess take their family's measured peak as soon as
     /// one is journaled (the policy's learned estimates).
     learn: bool,
+    /// The first id handed out after the journal's snapshot (1 without one): ids from here
+    /// to `next_id` all had a `submitted` record.
+    pub first_tail_id: JobId,
 }
 
 impl Jobs {
@@ -111,12 +132,14 @@ impl Jobs {
     pub(super) fn new(learn: bool) -> Self {
         Self {
             next_id: 1,
+            first_tail_id: 1,
             learn,
             ..Self::default()
         }
     }
 
     /// The jobs `records` describe, in order.
+    #[cfg(test)]
     pub(super) fn fold(learn: bool, records: impl IntoIterator<Item = Record>) -> Self {
         let mut jobs = Self::new(learn);
         for record in records {
@@ -178,6 +201,7 @@ impl Jobs {
                         submitted_at: at,
                         peak_mib: None,
                         measured: false,
+                        held: None,
                     },
                 );
                 self.queue.push_back(id);
@@ -281,9 +305,131 @@ impl Jobs {
                 self.queue.retain(|&q| q != id);
                 if let Some(job) = self.jobs.get_mut(&id) {
                     job.stage = Stage::Ended(JobState::Cancelled);
+                    job.held = None;
+                }
+            }
+            Record::Released { id } => {
+                if let Some(job) = self.jobs.get_mut(&id)
+                    && job.held.take().is_some()
+                    && job.stage == Stage::Queued
+                {
+                    self.queue.retain(|&q| q != id);
+                    self.queue.push_back(id);
+                }
+            }
+            Record::Snapshot(header) => {
+                self.next_id = self.next_id.max(header.next_id);
+                self.first_tail_id = header.next_id;
+                self.families = header.families;
+                self.queue = header.queue.into();
+            }
+            Record::Job(snapshot) => {
+                let job = super::compact::job_from_snapshot(*snapshot);
+                self.next_id = self.next_id.max(job.id.saturating_add(1));
+                self.jobs.insert(job.id, job);
+            }
+        }
+    }
+
+    /// Folds a journal read back with its damaged lines in place, holding the jobs they
+    /// may concern (see the module docs); `dir_arg` (e.g. ` --dir /state`) goes into the
+    /// commands the hold reasons give. Returns the jobs and those held.
+    pub(super) fn replay(
+        learn: bool,
+        entries: impl IntoIterator<Item = Entry>,
+        dir_arg: &str,
+    ) -> (Self, Vec<JobId>) {
+        let mut jobs = Self::new(learn);
+        // Jobs a damaged line may concern, and the first such line.
+        let mut marks: BTreeMap<JobId, usize> = BTreeMap::new();
+        // Ids named by records (or damaged lines) while no job had them.
+        let mut orphans: BTreeMap<JobId, usize> = BTreeMap::new();
+        let mut damaged: Option<Damage> = None;
+        for entry in entries {
+            match entry {
+                Entry::Record(record) => {
+                    if let Some(id) = record.job_id() {
+                        let settles = matches!(
+                            record,
+                            Record::Starting { .. }
+                                | Record::Finished { .. }
+                                | Record::Requeued { .. }
+                                | Record::Cancelled { .. }
+                                | Record::Released { .. }
+                        );
+                        let names_new_job =
+                            matches!(record, Record::Submitted { .. } | Record::Job(_));
+                        if settles {
+                            marks.remove(&id);
+                        }
+                        if damaged.is_some() && !names_new_job && !jobs.jobs.contains_key(&id) {
+                            orphans.entry(id).or_insert(0);
+                        }
+                    }
+                    jobs.apply(record);
+                }
+                Entry::Damaged(d) => {
+                    match d.id {
+                        Some(id) if jobs.jobs.contains_key(&id) => {
+                            marks.entry(id).or_insert(d.line);
+                        }
+                        Some(id) => {
+                            orphans.entry(id).or_insert(d.line);
+                        }
+                        None => {
+                            for &id in jobs.jobs.keys() {
+                                marks.entry(id).or_insert(d.line);
+                            }
+                        }
+                    }
+                    damaged.get_or_insert(d);
                 }
             }
         }
+        let mut held = Vec::new();
+        let Some(first) = damaged else {
+            return (jobs, held);
+        };
+        // A submission lost with its id unreadable leaves a gap in the ids handed out.
+        for id in jobs.first_tail_id..jobs.next_id {
+            if !jobs.jobs.contains_key(&id) {
+                orphans.entry(id).or_insert(0);
+            }
+        }
+        for (id, line) in orphans {
+            if jobs.jobs.contains_key(&id) {
+                continue;
+            }
+            let line = if line == 0 { first.line } else { line };
+            let reason = format!(
+                "its submission is lost to damaged journal line {line}: what it runs is unknown; \
+                 submit it again if needed, and `ladle cancel{dir_arg} {id}` to drop this entry"
+            );
+            jobs.next_id = jobs.next_id.max(id.saturating_add(1));
+            jobs.jobs.insert(id, placeholder(id, reason));
+            held.push(id);
+        }
+        for (id, line) in marks {
+            let Some(job) = jobs.jobs.get_mut(&id) else {
+                continue;
+            };
+            if job.stage != Stage::Queued || job.held.is_some() {
+                continue;
+            }
+            job.held = Some(format!(
+                "journal line {line} is damaged and may be about it (its cancel, or the start \
+                 of an attempt that ran): see `ladle logs{dir_arg} {id}`, then `ladle \
+                 release{dir_arg} {id}` to run it or `ladle cancel{dir_arg} {id}` to drop it"
+            ));
+            held.push(id);
+        }
+        held.sort_unstable();
+        let all = &jobs.jobs;
+        jobs.queue.retain(|id| {
+            all.get(id)
+                .is_some_and(|j| j.stage == Stage::Queued && j.held.is_none())
+        });
+        (jobs, held)
     }
 
     /// The estimate admission uses for queued `job` now: an out-of-memory retry's own
@@ -295,6 +441,27 @@ impl Jobs {
         } else {
             self.estimate_for(&job.spec, guess_mib)
         }
+    }
+}
+
+/// A held job whose submission was lost: its command is unknown (empty).
+fn placeholder(id: JobId, reason: String) -> Job {
+    Job {
+        id,
+        spec: JobSpec::new(Vec::new(), "/".into()),
+        family: String::new(),
+        estimate: Estimate {
+            mib: 0,
+            basis: Basis::Guess,
+        },
+        exclusive: false,
+        attempts: 0,
+        oom_retries: 0,
+        stage: Stage::Queued,
+        submitted_at: 0.0,
+        peak_mib: None,
+        measured: false,
+        held: Some(reason),
     }
 }
 

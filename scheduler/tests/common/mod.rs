@@ -1,0 +1,151 @@
+//! A real daemon on its own state directory, in a thread of the test, over its real Unix
+//! socket; stopped (and its directory removed) on drop.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ladle_scheduler::daemon::{self, DaemonConfig, DaemonError, GpuBackend};
+use ladle_scheduler::journal::{Journal, Record};
+use ladle_scheduler::policy::Policy;
+use ladle_scheduler::protocol::{self, MAX_FRAME, Request, Response};
+
+/// Longest any test waits for something that should happen (a deadlock catcher, not a
+/// bound on speed).
+pub const GUARD: Duration = Duration::from_secs(120);
+
+pub struct Daemon {
+    pub dir: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), DaemonError>>>,
+    _tmp: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// A daemon (one simulated GPU, the exclusive policy, keeping every finished job) whose
+    /// journal holds `records` when it starts; returns once its socket answers.
+    pub fn start(records: &[Record]) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sched");
+        std::fs::create_dir_all(&dir).unwrap();
+        if !records.is_empty() {
+            let (mut journal, _) = Journal::open(&dir.join("journal.jsonl")).unwrap();
+            for r in records {
+                journal.append(r).unwrap();
+            }
+        }
+        let mut config = DaemonConfig::new(dir.clone());
+        config.gpu = GpuBackend::Sim {
+            gpus: 1,
+            memory_mib: 40 * 1024,
+        };
+        config.policy = Policy::named("exclusive").unwrap();
+        config.tick = Duration::from_millis(100);
+        // Every job it is given is kept, however many: answers must fit whatever it holds.
+        config.retention.keep_finished = 1_000_000;
+        config.retention.keep_logs = 1_000_000;
+        config.retention.keep_logs_for = None;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || daemon::run(config, stop))
+        };
+        let daemon = Self {
+            dir,
+            stop,
+            thread: Some(thread),
+            _tmp: tmp,
+        };
+        let deadline = Instant::now() + GUARD;
+        while !matches!(daemon.request(&Request::Feeds), Ok(Response::Feeds { .. })) {
+            assert!(
+                !daemon.thread.as_ref().unwrap().is_finished(),
+                "the daemon stopped"
+            );
+            assert!(Instant::now() < deadline, "the daemon did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        daemon::socket_path(&self.dir)
+    }
+
+    pub fn request(&self, request: &Request) -> Result<Response, protocol::ProtocolError> {
+        protocol::request(&self.socket(), request, GUARD)
+    }
+
+    /// Sends `request` and returns the answer's raw line (newline included).
+    pub fn raw(&self, request: &Request) -> Vec<u8> {
+        let mut line = Vec::new();
+        let mut frame = Vec::new();
+        protocol::write_frame(&mut frame, request, Path::new("x")).unwrap();
+        let mut conn = self.connect();
+        conn.write_all(&frame).unwrap();
+        conn.read_to_end(&mut line).unwrap();
+        line
+    }
+
+    pub fn connect(&self) -> UnixStream {
+        let conn = UnixStream::connect(self.socket()).unwrap();
+        conn.set_read_timeout(Some(GUARD)).unwrap();
+        conn.set_write_timeout(Some(GUARD)).unwrap();
+        conn
+    }
+
+    /// Sends `request` until it is served (not refused for too many connections).
+    pub fn served(&self, request: &Request) -> Response {
+        let deadline = Instant::now() + GUARD;
+        loop {
+            match self.request(request) {
+                Ok(Response::Error { message }) if message.contains("too many connections") => {}
+                Ok(answer) => return answer,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(Instant::now() < deadline, "never served again");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The answer in a raw line, checked to be one frame of at most [`MAX_FRAME`] bytes.
+pub fn decoded(line: &[u8]) -> Response {
+    assert!(
+        line.len() <= MAX_FRAME,
+        "an answer of {} bytes, over the frame limit of {MAX_FRAME}",
+        line.len()
+    );
+    protocol::decode_frame(line).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Reads what the daemon says on `conn` until it closes it. (A connection closed with
+/// some of our bytes unread reads as reset once its answer is read.)
+pub fn answer_on(conn: &mut UnixStream) -> Response {
+    let mut line = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    decoded(&line)
+}

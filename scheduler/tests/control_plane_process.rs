@@ -1,0 +1,94 @@
+//! What the scheduler's control socket costs the process it runs in, under a flood: its
+//! threads (read from `/proc/self/task`) and its file descriptors (a low `RLIMIT_NOFILE`).
+//! A test binary of its own, one test at a time, so that no other test's threads or
+//! descriptors are counted.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{Daemon, GUARD, answer_on};
+use ladle_scheduler::daemon::{HANDLER_THREADS, MAX_CONNECTIONS};
+use ladle_scheduler::protocol::{Request, Response};
+
+/// One test at a time: both count what the whole process holds.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+#[test]
+fn five_hundred_trickling_clients_leave_the_daemon_with_a_bounded_number_of_threads() {
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let daemon = Daemon::start(&[]);
+    assert!(matches!(
+        daemon.served(&Request::Queue),
+        Response::Queue { .. }
+    ));
+    let before = threads();
+    let mut clients: Vec<UnixStream> = (0..500).map(|_| daemon.connect()).collect();
+    // Every client past the cap is told so: the daemon has seen all 500.
+    let mut refused = 0;
+    for conn in &mut clients[MAX_CONNECTIONS..] {
+        let Response::Error { message } = answer_on(conn) else {
+            panic!("a client past the cap was answered otherwise");
+        };
+        assert!(message.contains("too many connections"), "{message}");
+        refused += 1;
+    }
+    assert_eq!(refused, 500 - MAX_CONNECTIONS);
+    // The rest trickle a byte each, a few rounds, while the threads are counted.
+    let mut most = 0;
+    for _ in 0..4 {
+        for conn in &mut clients[..MAX_CONNECTIONS] {
+            let _ = std::io::Write::write_all(conn, b" ");
+        }
+        most = most.max(threads());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        most <= before + HANDLER_THREADS + 1,
+        "{most} threads with 500 trickling clients, {before} before"
+    );
+}
+
+#[test]
+fn a_daemon_out_of_file_descriptors_backs_off_and_serves_again_once_some_are_freed() {
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let daemon = Daemon::start(&[]);
+    assert!(matches!(
+        daemon.served(&Request::Queue),
+        Response::Queue { .. }
+    ));
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let low = rustix::process::Rlimit {
+        current: Some(open + 40),
+        maximum: limit.maximum,
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, low).unwrap();
+    // Connect until this process (client and daemon alike) is out of descriptors: the
+    // daemon's accepts fail with EMFILE from then on.
+    let mut clients = Vec::new();
+    let deadline = Instant::now() + GUARD;
+    loop {
+        assert!(Instant::now() < deadline, "never ran out of descriptors");
+        match UnixStream::connect(daemon.socket()) {
+            Ok(conn) => clients.push(conn),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The last few may wait in the listen queue, unaccepted; free every descriptor.
+    drop(clients);
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit).unwrap();
+    assert!(matches!(
+        daemon.served(&Request::Queue),
+        Response::Queue { .. }
+    ));
+}
