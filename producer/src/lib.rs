@@ -28,7 +28,8 @@
 //!   schema is `image: u8[S, S, 3], label: i64`) or any [`CustomSource`]: a schema of named
 //!   fields and one [`SampleMaker`] per pipeline thread ([`Producer::start_custom`]). The
 //!   Python producer's source ([`workers`]) hands each sample to a worker process that writes
-//!   it straight into the slot.
+//!   it into a staging buffer of its own, which the maker copies into the slot: the ring is
+//!   sealed against every writer but this process, whatever the source.
 //! - The control server ([`server`]) binds the socket with mode 0600, refuses peers of another
 //!   uid (`SO_PEERCRED`), and treats EOF as a leave: a consumer that exits, crashes or is
 //!   killed with `SIGKILL` is dropped at once and its hold on the ring released.
@@ -162,24 +163,10 @@ pub trait CustomSource: Send + Sync + std::fmt::Debug {
     fn schema(&self) -> &Schema;
     /// Samples per epoch, class names (may be empty) and a name for logs.
     fn info(&self) -> DatasetInfo;
-    /// A maker for one pipeline thread; called once per thread when the feed starts.
+    /// A maker for one pipeline thread; called once per thread when the feed starts. It
+    /// writes each sample into the slot's buffers it is given, in this process: the ring is
+    /// sealed against every other writer.
     fn maker(&self) -> Box<dyn SampleMaker + '_>;
-    /// Whether other processes write the ring's slots (its makers' workers): then the ring
-    /// is made with [`ProducerRing::create_with_writers`] and [`CustomSource::ring_created`]
-    /// gets its writable fd.
-    fn needs_writers(&self) -> bool {
-        false
-    }
-    /// Called once the ring exists, before any sample is made, with its writable fd when
-    /// [`CustomSource::needs_writers`]; an error stops the start.
-    fn ring_created(
-        &self,
-        writer: Option<std::os::fd::BorrowedFd<'_>>,
-        layout: &RingLayout,
-    ) -> Result<(), String> {
-        let _ = (writer, layout);
-        Ok(())
-    }
 }
 
 /// What a producer serves: a native image dataset, or a [`CustomSource`].
@@ -652,17 +639,7 @@ impl Producer {
             layout.file_len() >> 20,
             config.threads
         );
-        let ring = match &source {
-            Source::Custom(custom) if custom.needs_writers() => {
-                ProducerRing::create_with_writers(layout)?
-            }
-            _ => ProducerRing::create(layout)?,
-        };
-        if let Source::Custom(custom) = &source {
-            custom
-                .ring_created(ring.writer_fd(), ring.layout())
-                .map_err(ProducerError::InvalidOption)?;
-        }
+        let ring = ProducerRing::create(layout)?;
         let readers = ring.readers().ok_or_else(|| {
             ProducerError::InvalidOption("the ring's reader set was already taken".into())
         })?;
@@ -962,6 +939,12 @@ fn run_feeder(
         Source::Custom(custom) => pipeline.run_with(|| custom.maker(), source, &sink),
     };
     if let Err(error) = run {
+        if shared.stop.load(Ordering::SeqCst) {
+            // Asked to stop: a sample cut short by the stop (the Python producer kills a
+            // worker still making one) is not a failure of the feed.
+            tracing::debug!("the feed stopped with a sample unmade: {error}");
+            return Ok(());
+        }
         // A bad sample under the fail policy ends the whole feed, not just the pipeline:
         // whoever waits on the stop flag (a signal loop, the Python producer) sees it.
         tracing::error!("the feed stops: {error}");

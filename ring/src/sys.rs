@@ -27,8 +27,9 @@ pub fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Seals `fd` so that nobody can resize it or map it writable from now on; mappings that
-/// are already writable (the producer's) stay writable. Needs Linux 5.1.
+/// Seals `fd` so that nobody can resize it, map it writable or `write(2)` it from now on,
+/// through any fd of the file, a re-open through `/proc` included; mappings that are already
+/// writable (the producer's) stay writable. Needs Linux 5.1.
 pub fn seal_against_writers(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::fcntl_add_seals(
         fd,
@@ -42,19 +43,6 @@ pub fn seal_against_writers(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// access.
 pub fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-}
-
-/// A new, read-only open of the file behind `fd` (through `/proc/self/fd`): a mapping of it
-/// can never be made writable, and it cannot resize the file. What consumers of a ring that
-/// outside writers write get (such a ring cannot be sealed against writable mappings).
-pub fn reopen_read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    use std::os::fd::AsRawFd;
-    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    rustix::fs::open(
-        path.as_str(),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
 }
 
 /// The size of the file behind `fd`.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use ladle_datasets::BadSamplePolicy;
-use ladle_producer::workers::{WorkerPool, WorkerSource};
+use ladle_producer::workers::{WorkerPool, WorkerPoolConfig, WorkerSource};
 use ladle_producer::{Producer, ProducerConfig};
 use ladle_ring::Schema;
 use ladle_ring::protocol::DatasetInfo;
@@ -85,11 +85,14 @@ impl PyProducer {
         let stop = Arc::new(AtomicBool::new(false));
         let mut worker_socket = socket.clone().into_os_string();
         worker_socket.push(".workers");
+        let mut pool_config = WorkerPoolConfig::new(token.clone());
+        pool_config.sample_timeout = sample_timeout;
+        let text = schema.to_string();
         let pool = WorkerPool::bind(
             &PathBuf::from(worker_socket),
-            token.clone(),
+            schema,
+            pool_config,
             stop.clone(),
-            sample_timeout,
         )
         .map_err(|e| LadleError::new_err(e.to_string()))?;
         let info = DatasetInfo {
@@ -111,8 +114,7 @@ impl PyProducer {
             keep_alive,
             ..ProducerConfig::default()
         };
-        let text = schema.to_string();
-        let source = Arc::new(WorkerSource::new(schema, info, Arc::clone(&pool)));
+        let source = Arc::new(WorkerSource::new(info, Arc::clone(&pool)));
         let producer = py
             .detach(|| Producer::start_custom(source, config, stop.clone()))
             .map_err(|e| LadleError::new_err(e.to_string()))?;
@@ -175,13 +177,17 @@ impl PyProducer {
         };
         self.stop.store(true, Ordering::SeqCst);
         let served = py
-            .detach(|| producer.wait())
+            .detach(|| {
+                let served = producer.wait();
+                self.pool.join();
+                served
+            })
             .map_err(|e| LadleError::new_err(e.to_string()))?;
         Ok((served.published, served.consumed, served.bad_samples))
     }
 
     /// Counters: samples published, bad, consumers now, consumed; workers connected, died,
-    /// failed samples.
+    /// failed samples; connections to the workers' socket refused (too many saying hello).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         if let Some(p) = self
@@ -199,6 +205,7 @@ impl PyProducer {
         d.set_item("workers_connected", counts.connected)?;
         d.set_item("workers_died", counts.died)?;
         d.set_item("samples_failed", counts.failed)?;
+        d.set_item("workers_refused", counts.refused)?;
         Ok(d)
     }
 }

@@ -113,3 +113,24 @@ class TorchSamples:
             "chw": torch.full((3, 2, 2), float(i)),
             "label": i,
         }
+
+
+class StuckInWorkers(Waves):
+    """In a worker process, ``__getitem__`` never returns (a read that hangs, and no
+    ``timeout=``); it first creates ``$LADLE_TEST_STUCK_DIR/<pid>`` so that a test knows the
+    worker is inside it. In the process that starts the feed (which infers the schema from
+    ``dataset[0]``) it returns."""
+
+    def __getitem__(self, i: int) -> dict:
+        import multiprocessing
+        import threading
+
+        if multiprocessing.parent_process() is not None:
+            Path(os.environ["LADLE_TEST_STUCK_DIR"], str(os.getpid())).touch()
+            threading.Event().wait()
+        return super().__getitem__(i)
+
+
+def make_stuck() -> StuckInWorkers:
+    """The factory ``python -m ladle serve pydatasets:make_stuck`` calls."""
+    return StuckInWorkers(100)

@@ -239,11 +239,15 @@ def test_bad_arguments_and_datasets_are_clear_errors(tmp_path):
         ladle.Producer([{"x": {"nested": 1}}], tmp_path / "s").start()
 
 
-def serve_from_the_shell(sock: Path, workers: int, stderr) -> subprocess.Popen:
-    """``python -m ladle serve pydatasets:make_waves``, once its socket exists."""
+def serve_from_the_shell(
+    sock: Path, workers: int, stderr, factory: str = "pydatasets:make_waves", **env_vars: str
+) -> subprocess.Popen:
+    """``python -m ladle serve pydatasets:make_waves`` (or ``factory``), once its socket
+    exists."""
     env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(env_vars)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ladle", "serve", "pydatasets:make_waves", "--socket", str(sock),
+        [sys.executable, "-m", "ladle", "serve", factory, "--socket", str(sock),
          "--workers", str(workers), "--ring-mib", "64"],
         env=env,
         stderr=stderr,
@@ -342,6 +346,49 @@ def test_a_killed_python_producer_leaves_no_worker_behind_and_consumers_see_it_g
         deadline = time.monotonic() + 20
         while not all(_gone(w) for w in workers):
             assert time.monotonic() < deadline, f"workers left behind: {[w for w in workers if not _gone(w)]}"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
+def test_sigterm_or_ctrl_c_stops_a_feed_whose_workers_never_return_and_kills_them(tmp_path, sig):
+    sock = tmp_path / "stuck.sock"
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    proc = serve_from_the_shell(
+        sock, workers=2, stderr=subprocess.PIPE, factory="pydatasets:make_stuck",
+        LADLE_TEST_STUCK_DIR=str(stuck),
+    )
+    try:
+        consumer = ladle.Consumer(sock, batch_size=10)
+        epoch = iter(consumer)
+        deadline = time.monotonic() + 60
+        while len(list(stuck.iterdir())) < 2:
+            assert time.monotonic() < deadline, "the two workers never reached __getitem__"
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert {int(p.name) for p in stuck.iterdir()} <= workers
+        started = time.monotonic()
+        proc.send_signal(sig)
+        try:
+            # A deadline against a hang (the issue's bound), not a measurement: the typical
+            # time is in benches/README.md.
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"python -m ladle serve still runs 10 s after {sig.name}")
+        print(f"stopped {time.monotonic() - started:.2f} s after {sig.name}")
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err, err
+        with pytest.raises(ladle.ProducerEnded):
+            for _ in range(100):
+                for _ in epoch:
+                    pass
+                epoch = iter(consumer)
+        deadline = time.monotonic() + 20
+        while not all(_gone(w) for w in workers):
+            left = [w for w in workers if not _gone(w)]
+            assert time.monotonic() < deadline, f"workers left behind: {left}"
             time.sleep(0.1)
     finally:
         proc.kill()

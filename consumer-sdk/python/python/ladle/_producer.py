@@ -45,6 +45,10 @@ __all__ = ["Producer", "serve"]
 # giving up: a dataset that cannot even be unpickled in a worker would restart forever.
 _STARTUP_FAILURES = 3
 
+# Once the feed has stopped, how long an idle worker has to see its socket close and exit
+# before it is killed.
+_WORKER_GRACE = 1.0
+
 
 class Producer:
     """A feed serving ``dataset`` on ``socket``, in the background: a context manager.
@@ -208,8 +212,22 @@ class Producer:
             proc.join()
         self._procs = []
 
+    def _end_workers(self) -> None:
+        """Once the feed has stopped: idle workers have seen their socket close and exit, one
+        that was inside a sample was killed by the feed; any left after a moment is killed."""
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join()  # it starts no worker once the feed has stopped
+        deadline = time.monotonic() + _WORKER_GRACE
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs = []
+
     def stop(self) -> None:
-        """Stops the feed (consumers get ``End``) and the workers; raises what ended it badly."""
+        """Stops the feed (consumers get ``End``) and the workers, at once whatever they are
+        doing (a worker inside a ``__getitem__`` is killed); raises what ended it badly."""
         native = self._native
         if native is None:
             return
@@ -217,12 +235,10 @@ class Producer:
         try:
             native.join()
         finally:
-            for proc in self._procs:
-                proc.join(timeout=5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
+            # Dropping the native half closes every worker's socket.
             self._native = None
+            del native
+            self._end_workers()
         if self._failure is not None:
             raise self._failure
 
@@ -241,7 +257,8 @@ class Producer:
 
     def stats(self) -> dict[str, int]:
         """Samples published, bad, consumed; consumers now; workers connected, died, and
-        samples the user's code failed on; worker restarts."""
+        samples the user's code failed on; connections to the workers' socket refused (too
+        many saying hello at once); worker restarts."""
         out = dict(self._native.stats()) if self._native is not None else {}
         out["worker_restarts"] = self.worker_restarts
         return out

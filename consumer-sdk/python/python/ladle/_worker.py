@@ -1,14 +1,17 @@
 """A worker process of the Python producer: makes samples with the user's dataset and
-writes them straight into the ring's slots.
+writes them into its own staging buffer, which the producer copies into the ring.
 
 The producer (``ladle._native._Producer``, Rust) holds each slot's write loan and sends
-``{"slot", "index", "epoch"}`` over the workers' socket; the worker calls
-``dataset[index]``, checks every field against the schema and copies it into its region of
-the shared ring at ``slot`` (the one copy: from the user's array into shared memory), then
-answers ``{"ok": true}`` or ``{"error": "..."}``. Frames are ``u32`` little-endian length +
-JSON, as on the producer's control socket. Randomness is seeded per sample from
-``(seed, epoch, index)`` (``random``, NumPy's global generator, and torch's when imported),
-so a user's random transforms are reproducible, as the native pipeline's are.
+``{"index", "epoch"}`` over the workers' socket; the worker calls ``dataset[index]``, checks
+every field against the schema and copies it into its staging buffer (a shared-memory file of
+one sample that came with the welcome), then answers ``{"ok": true}`` or
+``{"error": "..."}``; the producer then copies the buffer into the slot. Workers never map the
+ring: it is sealed against every writer but the producer's own mapping, so that no consumer
+can write it either. Frames are ``u32`` little-endian length + JSON, as on the producer's
+control socket. Randomness is seeded per sample from ``(seed, epoch, index)`` (``random``,
+NumPy's global generator, and torch's when imported), so a user's random transforms are
+reproducible, as the native pipeline's are. Ctrl-C is ignored here: the producer decides when
+its workers stop (and kills one still inside ``__getitem__``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import mmap
 import os
 import random
+import signal
 import socket
 import struct
 import sys
@@ -63,20 +67,21 @@ def _seed(seed: int, epoch: int, index: int) -> None:
         torch.manual_seed(mixed & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-class _Ring:
-    """The writable ring, one NumPy array ``[C, ...shape]`` per field."""
+class _Staging:
+    """The worker's staging buffer, one NumPy array ``[...shape]`` per field."""
 
     def __init__(self, fd: int, welcome: dict, fields: list[Field]) -> None:
-        self.map = mmap.mmap(fd, welcome["file_len"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        os.close(fd)
-        capacity = welcome["layout"]["capacity"]
+        try:
+            self.map = mmap.mmap(fd, welcome["len"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
         self.fields = []
-        for (name, dtype, shape), (offset, _) in zip(fields, welcome["regions"]):
+        for (name, dtype, shape), (offset, _) in zip(fields, welcome["fields"]):
             stored = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
-            array = np.ndarray((capacity, *shape), dtype=stored, buffer=self.map, offset=offset)
+            array = np.ndarray(tuple(shape), dtype=stored, buffer=self.map, offset=offset)
             self.fields.append((name, dtype, tuple(shape), array))
 
-    def write(self, slot: int, sample: Any) -> None:
+    def write(self, sample: Any) -> None:
         items = dict(sample_items(sample))
         names = [name for name, *_ in self.fields]
         if set(items) != set(names):
@@ -90,12 +95,11 @@ class _Ring:
             if dtype == "bfloat16":
                 if got != "bfloat16":
                     raise TypeError(f"field {name!r} is bfloat16 in the schema, the sample's is {got}")
-                array[slot] = value
+                array[...] = value
                 continue
             if not np.can_cast(value.dtype, array.dtype, casting="same_kind"):
                 raise TypeError(f"field {name!r} is {dtype} in the schema, the sample's is {got}")
-            # A one-sample slice, so that a scalar field is a view too.
-            np.copyto(array[slot : slot + 1], value, casting="same_kind")
+            np.copyto(array, value, casting="same_kind")
 
 
 def _recv_welcome(sock: socket.socket) -> tuple[dict, int]:
@@ -112,18 +116,28 @@ def _recv_welcome(sock: socket.socket) -> tuple[dict, int]:
     rest = _recv_exact(sock, 4 + length - len(data)) if len(data) < 4 + length else b""
     if rest is None:
         raise ConnectionError("the producer hung up during the welcome")
+    welcome = json.loads(data[4:] + rest)
+    if "error" in welcome:  # refused: too many connections saying hello at once
+        raise ConnectionError(f"the producer refused this worker: {welcome['error']}")
     if len(fds) != 1:
         raise ConnectionError(f"the welcome came with {len(fds)} file descriptors, not 1")
-    return json.loads(data[4:] + rest), fds[0]
+    return welcome, fds[0]
 
 
 def run(dataset: Any, path: str, token: str, fields: list[Field], seed: int) -> None:
-    """A worker's life: connect, map the ring, make samples until the producer hangs up."""
+    """A worker's life: connect, map its staging buffer, make samples until the producer
+    hangs up."""
+    # Ctrl-C in a terminal reaches the whole process group: the producer, not each worker,
+    # decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return  # started as the feed stopped: its socket is gone
     _send(sock, {"token": token, "pid": os.getpid()})
     welcome, fd = _recv_welcome(sock)
-    ring = _Ring(fd, welcome, fields)
+    staging = _Staging(fd, welcome, fields)
     while True:
         request = _recv(sock)
         if request is None:
@@ -131,7 +145,7 @@ def run(dataset: Any, path: str, token: str, fields: list[Field], seed: int) -> 
         index, epoch = request["index"], request["epoch"]
         try:
             _seed(seed, epoch, index)
-            ring.write(request["slot"], dataset[index])
+            staging.write(dataset[index])
         except Exception as error:  # the user's code: report it, keep serving
             _send(sock, {"error": f"{type(error).__name__}: {error}"})
         else:
