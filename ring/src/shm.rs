@@ -680,9 +680,42 @@ mod tests {
         assert_eq!(page.cursor(), 9);
     }
 
+    /// How many of a consumer's threads its page says are asleep on the head.
+    fn sleepers(page: &CursorPage) -> u64 {
+        wake_core::waiting(page.words().waiters.load(Ordering::SeqCst))
+    }
+
+    /// Polls (inside a generous deadline that only catches a hang) until `page` counts `n`
+    /// sleepers: a test waits for what the page reports, not for a fixed time.
+    fn until_sleepers(page: &CursorPage, n: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while sleepers(page) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} sleepers never showed"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// Waits for the head to reach `target` in one sleep of `WAKE_GUARD`, and says whether it
+    /// was woken (a lost wake-up sleeps the whole guard, which only a hang could take).
+    fn woken_at(consumer: &ConsumerRing, mine: &CursorPage, target: u64) -> bool {
+        use std::time::Instant;
+        let started = Instant::now();
+        while consumer.head() < target {
+            if started.elapsed() >= WAKE_GUARD {
+                return false;
+            }
+            consumer.wait_for_head(mine, target, WAKE_GUARD);
+        }
+        true
+    }
+
+    const WAKE_GUARD: std::time::Duration = std::time::Duration::from_secs(120);
+
     #[test]
     fn two_threads_waiting_on_one_consumer_are_both_woken_at_their_own_heads() {
-        use std::time::{Duration, Instant};
         let producer = ring();
         let page = CursorPage::create(0).unwrap();
         let consumer = std::sync::Arc::new(
@@ -691,56 +724,37 @@ mod tests {
         let mine = std::sync::Arc::new(CursorPage::map(page.fd().unwrap()).unwrap());
         let waiter = |target: u64| {
             let (consumer, mine) = (consumer.clone(), mine.clone());
-            std::thread::spawn(move || {
-                let started = Instant::now();
-                while consumer.head() < target {
-                    consumer.wait_for_head(&mine, target, Duration::from_secs(5));
-                }
-                started.elapsed()
-            })
+            std::thread::spawn(move || woken_at(&consumer, &mine, target))
         };
         let near = waiter(10);
-        std::thread::sleep(Duration::from_millis(100));
-        // The second thread's target replaces the first's in `wake_at`.
+        until_sleepers(&page, 1);
+        // The second thread's target replaces the first's in the wake word.
         let far = waiter(20);
-        std::thread::sleep(Duration::from_millis(100));
+        until_sleepers(&page, 2);
         producer.publish(10);
         page.wake_if_due(10);
-        let took = near.join().unwrap();
-        assert!(
-            took < Duration::from_secs(3),
-            "the first waiter's wake-up was lost ({took:?})"
-        );
+        assert!(near.join().unwrap(), "the first waiter's wake-up was lost");
         producer.publish(20);
         page.wake_if_due(20);
-        assert!(far.join().unwrap() < Duration::from_secs(3));
+        assert!(far.join().unwrap(), "the second waiter's wake-up was lost");
     }
 
     #[test]
     fn a_waiter_that_gives_up_does_not_take_the_other_waiters_wake_up_with_it() {
-        use std::time::{Duration, Instant};
+        use std::time::Duration;
         let producer = ring();
         let page = CursorPage::create(0).unwrap();
         let consumer = ConsumerRing::map(producer.fd(), producer.layout().clone()).unwrap();
         let mine = CursorPage::map(page.fd().unwrap()).unwrap();
         std::thread::scope(|scope| {
-            let near = scope.spawn(|| {
-                let started = Instant::now();
-                while consumer.head() < 10 {
-                    consumer.wait_for_head(&mine, 10, Duration::from_secs(5));
-                }
-                started.elapsed()
-            });
-            std::thread::sleep(Duration::from_millis(100));
-            // A second thread waits for 20 (its target replaces 10), then gives up.
+            let near = scope.spawn(|| woken_at(&consumer, &mine, 10));
+            until_sleepers(&page, 1);
+            // A second thread waits for 20 (its target replaces 10), then gives up: its short
+            // timeout is the behaviour under test, not a wait for another thread.
             consumer.wait_for_head(&mine, 20, Duration::from_millis(100));
             producer.publish(10);
             page.wake_if_due(10);
-            let took = near.join().unwrap();
-            assert!(
-                took < Duration::from_secs(3),
-                "the near waiter slept on ({took:?})"
-            );
+            assert!(near.join().unwrap(), "the near waiter slept on");
         });
     }
 
