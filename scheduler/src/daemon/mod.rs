@@ -75,15 +75,19 @@
 //! - `compact`: compaction of the journal, forgetting old finished jobs, pruning files;
 //! - `hold`: held jobs (a damaged journal line) and `ladle release`;
 //! - `telemetry`: sampling the GPUs, measuring jobs' peaks, the GPU state admission sees;
-//! - this module: configuration, the `Daemon` that owns all of it, and [`run`]'s loop.
+//! - `config`: [`DaemonConfig`], its choices and constants, [`socket_path`];
+//! - `stop`: stopping with the jobs ([`DaemonConfig::stop_jobs`]);
+//! - this module: the `Daemon` that owns all of it, start-up, and [`run`]'s loop.
 
 mod answers;
 mod compact;
+mod config;
 mod hold;
 mod launch;
 mod recover;
 mod server;
 mod state;
+mod stop;
 mod telemetry;
 
 use std::collections::BTreeMap;
@@ -93,147 +97,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::allocation::GpuSelector;
 use crate::job::JobId;
 use crate::journal::{Journal, JournalError, Record};
 use crate::mps::{Mps, MpsError};
-use crate::policy::{Admission, Policy};
+use crate::policy::Admission;
 use crate::protocol::FeedSpec;
 use crate::sys;
 use crate::telemetry::{
-    DcgmMode, GpuInfo, GpuWindows, NoteLevel, NvmlOptions, NvmlTelemetry, SimGpus, SimScenario,
-    Telemetry, TelemetryError,
+    GpuInfo, GpuWindows, NoteLevel, NvmlOptions, NvmlTelemetry, SimGpus, Telemetry, TelemetryError,
 };
 
 pub use self::compact::Retention;
+pub use self::config::{
+    CANCEL_GRACE, DaemonConfig, GpuBackend, MpsMode, SIM_DEFAULT_SM, SIM_MARKER, socket_path,
+};
 pub use self::server::{ACCEPT_BACKOFF, HANDLER_THREADS, MAX_CONNECTIONS, REQUEST_TIMEOUT};
 pub use self::telemetry::SEEN_GRACE_S;
 
 use self::compact::Housekeeping;
 use self::launch::{JobFiles, Live};
 use self::state::Jobs;
-
-/// Which GPUs the daemon schedules.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum GpuBackend {
-    /// NVML if it loads, else an error.
-    Nvml,
-    /// NVML if it loads, else simulated GPUs (with a warning).
-    Auto {
-        /// Simulated GPUs to fall back on.
-        sim_gpus: usize,
-        /// Their memory, MiB.
-        sim_memory_mib: u64,
-    },
-    /// Simulated GPUs: a job holds its estimate (or what it prints, see [`SIM_MARKER`]).
-    Sim {
-        /// GPUs.
-        gpus: usize,
-        /// Memory each, MiB.
-        memory_mib: u64,
-    },
-}
-
-/// Whether jobs run under MPS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MpsMode {
-    /// Start or adopt MPS when `nvidia-cuda-mps-control` exists, else run without (warn).
-    Auto,
-    /// MPS is required.
-    On,
-    /// Never use MPS.
-    Off,
-}
-
-/// A job in sim mode may report its memory and SM demand on stdout with a line
-/// `ladle-sim: mem_mib=3000 sm=0.4` (either field optional); until it does, it holds its
-/// estimate and [`SIM_DEFAULT_SM`].
-pub const SIM_MARKER: &str = "ladle-sim:";
-
-/// SM demand a sim-mode job has until it reports one.
-pub const SIM_DEFAULT_SM: f64 = 0.3;
-
-/// Seconds between SIGTERM and SIGKILL when a running job is cancelled.
-pub const CANCEL_GRACE: Duration = Duration::from_secs(10);
-
-/// The daemon's settings.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct DaemonConfig {
-    /// State directory: socket, journal, claim and status files, job logs (unless
-    /// [`DaemonConfig::log_dir`]), MPS pipes. Node-local.
-    pub dir: PathBuf,
-    /// Where jobs' stdout and stderr go, as `LOG_DIR/ID/ATTEMPT.out` / `.err` (created as
-    /// needed); `None`: `DIR/jobs/ID/`. `Logs` answers these paths.
-    pub log_dir: Option<PathBuf>,
-    /// Only these GPUs of the node ([`crate::allocation`]); `None`: every GPU (or
-    /// `GpuBackend`'s simulated count). With simulated GPUs, one per allocated GPU. The
-    /// daemon never reads the environment for this: its caller decides, e.g. with
-    /// [`crate::allocation::allocation_from_env`].
-    pub allocated: Option<Vec<GpuSelector>>,
-    /// On stop, take the running jobs down: SIGTERM to their process groups, this long to
-    /// end, then SIGKILL (see the module docs). `None`: they keep running and the next daemon
-    /// on the directory adopts them.
-    pub stop_jobs: Option<Duration>,
-    /// Admission policy.
-    pub policy: Policy,
-    /// GPUs.
-    pub gpu: GpuBackend,
-    /// MPS.
-    pub mps: MpsMode,
-    /// Estimate for a job that states none and has no learned peak, MiB.
-    pub default_estimate_mib: u64,
-    /// Out-of-memory retries per job.
-    pub max_oom_retries: u32,
-    /// Telemetry and admission period.
-    pub tick: Duration,
-    /// CPU cores the admission shares between registered feeds' decode threads and jobs that
-    /// state `cpus` (default: this machine's).
-    pub cpu_cores: u32,
-    /// What simulated GPUs show beside the daemon's jobs (other users' processes, failing
-    /// queries, a compute mode): the real-GPU paths, testable without a GPU.
-    pub sim_scenario: Option<SimScenario>,
-    /// DCGM for NVML GPUs without GPM.
-    pub dcgm: DcgmMode,
-    /// How many finished jobs (and their files) are kept, and when the journal is
-    /// compacted.
-    pub retention: Retention,
-}
-
-impl DaemonConfig {
-    /// Defaults: policy `ladle`, GPUs `auto` (2 simulated GPUs of 40 GiB without NVML), MPS
-    /// `auto`, 4 GiB default estimate, 3 retries, 1 s tick; logs in the state directory,
-    /// every GPU, jobs left running on stop, [`Retention::default`].
-    pub fn new(dir: PathBuf) -> Self {
-        Self {
-            dir,
-            log_dir: None,
-            allocated: None,
-            stop_jobs: None,
-            policy: Policy::ladle(),
-            gpu: GpuBackend::Auto {
-                sim_gpus: 2,
-                sim_memory_mib: 40 * 1024,
-            },
-            mps: MpsMode::Auto,
-            default_estimate_mib: 4 * 1024,
-            max_oom_retries: 3,
-            tick: Duration::from_secs(1),
-            cpu_cores: std::thread::available_parallelism()
-                .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)),
-            sim_scenario: None,
-            dcgm: DcgmMode::Auto,
-            retention: Retention::default(),
-        }
-    }
-}
-
-/// The daemon's socket inside a state directory.
-pub fn socket_path(dir: &Path) -> PathBuf {
-    dir.join("scheduler.sock")
-}
+use self::stop::stop_jobs;
 
 /// The daemon could not start or went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -574,80 +458,6 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
     Ok(())
 }
 
-/// How long SIGKILLed jobs may take to be reaped before the daemon stops without them (a
-/// process in uninterruptible sleep, e.g. on a hung file system, ends only when it wakes).
-const KILL_WAIT: Duration = Duration::from_secs(30);
-
-/// [`DaemonConfig::stop_jobs`]: SIGTERM to every running job's group, up to `grace` for
-/// them to end (reaped and journaled as usual), then SIGKILL to every group with a live
-/// process left, and up to [`KILL_WAIT`] for those. The lock is released while waiting, so
-/// the socket still answers.
-fn stop_jobs<'a>(
-    shared: &'a Shared,
-    mut state: MutexGuard<'a, Daemon>,
-    grace: Duration,
-) -> MutexGuard<'a, Daemon> {
-    let groups = state.signal_running(rustix::process::Signal::TERM, true);
-    if state.jobs.running().next().is_none() {
-        return state;
-    }
-    tracing::info!(
-        jobs = groups.len(),
-        grace_s = grace.as_secs_f64(),
-        "stopping: SIGTERM sent to every running job"
-    );
-    state = wait_for(shared, state, Instant::now() + grace, |_| true);
-    let left: Vec<u32> = groups
-        .iter()
-        .copied()
-        .filter(|&g| sys::group_alive(g))
-        .collect();
-    if !left.is_empty() {
-        tracing::warn!(groups = ?left, "still running after the grace: SIGKILL");
-        for &g in &left {
-            if let Err(e) = sys::signal_group(g, rustix::process::Signal::KILL) {
-                tracing::debug!(group = g, "SIGKILL: {e}");
-            }
-        }
-    }
-    state = wait_for(shared, state, Instant::now() + KILL_WAIT, |_| {
-        !left.iter().any(|&g| sys::group_alive(g))
-    });
-    let running: Vec<JobId> = state.jobs.running().map(|(j, _)| j.id).collect();
-    if !running.is_empty() {
-        tracing::warn!(
-            jobs = ?running,
-            "jobs still running after SIGKILL; the next daemon on this directory adopts them"
-        );
-    }
-    state
-}
-
-/// Reaps until no job runs and `done` holds, or until `deadline`, releasing the lock in
-/// between.
-fn wait_for<'a>(
-    shared: &'a Shared,
-    mut state: MutexGuard<'a, Daemon>,
-    deadline: Instant,
-    done: impl Fn(&Daemon) -> bool,
-) -> MutexGuard<'a, Daemon> {
-    loop {
-        state.reap();
-        let now = Instant::now();
-        if (state.jobs.running().next().is_none() && done(&state)) || now >= deadline {
-            return state;
-        }
-        let wait = deadline
-            .saturating_duration_since(now)
-            .min(Duration::from_millis(20));
-        state = shared
-            .wake
-            .wait_timeout(state, wait)
-            .map(|(guard, _)| guard)
-            .unwrap_or_else(|e| e.into_inner().0);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixStream;
@@ -657,6 +467,7 @@ mod tests {
     use crate::estimate::Basis;
     use crate::job::{JobSpec, JobState};
     use crate::journal::Outcome;
+    use crate::policy::Policy;
     use crate::protocol::{self, JobView, Request, Response};
 
     fn spec(script: &str) -> JobSpec {
