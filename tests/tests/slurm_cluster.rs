@@ -284,11 +284,12 @@ fn taking_a_node_down_under_a_no_kill_job_kills_its_whole_step_and_the_script_go
     let (job, tasks) = start_two_node_step(cluster, &["--no-kill"]);
     cluster.set_node_state("n2", "down", "test").unwrap();
     let out = finished_output(cluster, job, "COMPLETED");
+    // Both tasks started (their marker files say so); their "started" lines are not asked
+    // for: what a task printed on the node that failed may die with that node's slurmstepd
+    // before srun forwards it (seen on CI: n2's line missing, n1's present).
     assert_lines(
         &out,
         &[
-            "task 0 on n1 started",
-            "task 1 on n2 started",
             "srun: error: Node failure on n2",
             "srun: error: n1: task 0: Killed",
             "srun exited 137",
