@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use ladle_datasets::Format;
+use ladle_datasets::imagefolder::display_extension;
 use ladle_datasets::inspect::InspectReport;
 use ladle_datasets::pipeline::default_threads;
 use ladle_datasets::synth::{GenerateSummary, SynthConfig};
@@ -196,6 +197,19 @@ fn print_report(r: &InspectReport) {
     println!("decoded   {}", r.decoded);
     if let (Some(min), Some(max)) = (r.min_size, r.max_size) {
         println!("sizes     {}x{} .. {}x{}", min.0, min.1, max.0, max.1);
+    }
+    if !r.left_out.is_empty() {
+        let total: u64 = r.left_out.iter().map(|l| l.files).sum();
+        let by_extension = r
+            .left_out
+            .iter()
+            .map(|l| format!("{} {}", l.files, display_extension(&l.extension)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!("left out  {total} files not read as images ({by_extension})");
+    }
+    for warning in &r.warnings {
+        println!("warning   {warning}");
     }
     if r.errors.is_empty() {
         println!("bad files none");

@@ -13,8 +13,8 @@ use crate::error::SampleError;
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Format {
-    /// One sub-folder per class of JPEG/PNG files (torchvision's `ImageFolder`, ImageNet's
-    /// layout).
+    /// One sub-folder per class of image files, JPEG, PNG, WebP, BMP, TIFF or PPM/PGM
+    /// (torchvision's `ImageFolder`, ImageNet's layout).
     ImageFolder,
     /// CIFAR-10 binary batches: records of 1 label byte + 3072 bytes of 32×32 planar RGB.
     Cifar10,
@@ -46,7 +46,7 @@ impl fmt::Display for Format {
 /// A sample's bytes as stored.
 #[derive(Debug, Clone, Copy)]
 pub enum RecordData<'a> {
-    /// An encoded image file (JPEG or PNG).
+    /// An encoded image file (JPEG, PNG, WebP, BMP, TIFF, PPM/PGM).
     Encoded(&'a [u8]),
     /// Raw planar RGB (CHW), as CIFAR stores it.
     Planar {
@@ -99,6 +99,29 @@ pub trait Dataset: Send + Sync + fmt::Debug {
     /// Problems found while indexing (e.g. a tar member without a label): those samples are
     /// left out of `0..len` and reported here.
     fn problems(&self) -> &[SampleError];
+
+    /// Files in the dataset's folders that are not samples because of their extension (the
+    /// reference reader, torchvision's `ImageFolder`, leaves out the same files), counted by
+    /// extension. Empty for formats without such files.
+    fn left_out(&self) -> &[LeftOut] {
+        &[]
+    }
+
+    /// What is worth a look but is no error: where ladle reads this dataset differently from
+    /// torchvision, or a layout that is likely a mistake (a hidden folder taken as a class).
+    /// Each was logged at `warn` when the dataset was opened.
+    fn warnings(&self) -> &[String] {
+        &[]
+    }
+}
+
+/// Files left out of a dataset for their extension: `files` of them end in `extension`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeftOut {
+    /// The extension, lower-cased, with its dot (`.txt`), or `""` for names without one.
+    pub extension: String,
+    /// How many files.
+    pub files: u64,
 }
 
 /// `index` as a position in a table of `len` entries, or [`SampleError::OutOfRange`].

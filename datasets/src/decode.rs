@@ -10,6 +10,13 @@
 //!
 //! PNG goes through the [`png`] crate (the decoder `image` uses), expanded to 8-bit RGB.
 //!
+//! WebP, BMP, TIFF and PPM/PGM (the rest of torchvision's `IMG_EXTENSIONS`) go through the
+//! [`image`] crate, built with only those formats, into the RGB of PIL's `convert("RGB")`:
+//! grey copied to R, G, B, alpha dropped, 16-bit grey clipped to 255 (PIL's `I;16` → `RGB`),
+//! 16-bit colour cut to its high byte. Lossy WebP may differ from libwebp's by a level or two
+//! (chroma upsampling); a TIFF that `image` cannot read (palette, YCbCr) is a bad sample.
+//! Their size is checked against [`MAX_SIDE`] from the header, before decoding.
+//!
 //! Grayscale, grey+alpha, RGBA, CMYK and YCCK inputs all come out as RGB; alpha is dropped.
 //! JPEGs decode in zune-jpeg's strict mode: a truncated or corrupt entropy stream is an error,
 //! as it is for PIL (torchvision's default loader), rather than an image padded with grey.
@@ -26,6 +33,12 @@ use zune_jpeg::JpegDecoder;
 
 use crate::error::DecodeError;
 
+#[path = "decode_jpeg_crop.rs"]
+mod jpeg_crop;
+pub use jpeg_crop::Rows;
+#[path = "decode_other.rs"]
+mod other;
+
 /// The largest width or height accepted, a guard against decompression bombs.
 pub const MAX_SIDE: u32 = 16_384;
 
@@ -36,6 +49,14 @@ pub enum ImageKind {
     Jpeg,
     /// A PNG (starts with the 8-byte PNG signature).
     Png,
+    /// A WebP (`RIFF`, a length, `WEBP`), lossy or lossless; decoded by the `image` crate.
+    WebP,
+    /// A Windows bitmap (starts with `BM`); decoded by the `image` crate.
+    Bmp,
+    /// A TIFF (`II*\0` or `MM\0*`); decoded by the `image` crate.
+    Tiff,
+    /// A Netpbm image, PBM/PGM/PPM/PAM (`P1` … `P7`); decoded by the `image` crate.
+    Pnm,
 }
 
 impl ImageKind {
@@ -46,7 +67,7 @@ impl ImageKind {
         } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
             Some(Self::Png)
         } else {
-            None
+            other::sniff(bytes)
         }
     }
 }
@@ -69,6 +90,8 @@ pub struct Decoder {
     rgb: Vec<u8>,
     /// PNG scratch (the PNG's own layout before conversion to RGB).
     png: Vec<u8>,
+    /// A JPEG whose frame height was cut ([`Decoder::decode_rows`]).
+    patched: Vec<u8>,
 }
 
 impl Decoder {
@@ -85,6 +108,7 @@ impl Decoder {
         let (width, height) = catch_unwind(AssertUnwindSafe(|| match kind {
             ImageKind::Jpeg => decode_jpeg(bytes, &mut self.rgb),
             ImageKind::Png => decode_png(bytes, &mut self.png, &mut self.rgb),
+            other => self::other::decode(other, bytes, &mut self.png, &mut self.rgb),
         }))
         .map_err(|panic| DecodeError::Panicked(panic_message(&panic)))??;
         let len = width as usize * height as usize * 3;

@@ -179,12 +179,15 @@ impl SampleError {
     }
 }
 
-/// Bytes that are not a decodable JPEG or PNG.
+/// Bytes that are not a decodable image.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DecodeError {
-    /// Neither a JPEG (`FF D8`) nor a PNG signature.
-    #[error("not a JPEG or PNG (starts with {magic:02x?})")]
+    /// No signature of a format ladle decodes (JPEG, PNG, WebP, BMP, TIFF, PPM/PGM).
+    #[error(
+        "not an image ladle decodes (JPEG, PNG, WebP, BMP, TIFF, PPM/PGM): starts with \
+         {magic:02x?}"
+    )]
     UnknownFormat {
         /// The first bytes of the record.
         magic: Vec<u8>,
@@ -195,6 +198,15 @@ pub enum DecodeError {
     /// The PNG decoder rejected the data.
     #[error("bad PNG: {0}")]
     Png(String),
+    /// The `image` crate's decoder rejected a WebP, BMP, TIFF or PPM/PGM file (corrupt,
+    /// truncated, or a variant it does not read).
+    #[error("bad {format}: {reason}")]
+    Image {
+        /// The format sniffed from the bytes: `WebP`, `BMP`, `TIFF` or `PPM/PGM`.
+        format: &'static str,
+        /// What the decoder said.
+        reason: String,
+    },
     /// Larger than the decoder's limit: a guard against decompression bombs.
     #[error("image is {width}x{height}, above the {max}x{max} limit")]
     TooLarge {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::dataset::{Dataset, Format};
+use crate::dataset::{Dataset, Format, LeftOut};
 use crate::error::PipelineError;
 use crate::pipeline::{SampleProcessor, for_each_parallel};
 use crate::transforms::Transforms;
@@ -46,6 +46,12 @@ pub struct InspectReport {
     pub bad_files: Vec<String>,
     /// Bad samples with their errors, sorted by location.
     pub errors: Vec<BadSample>,
+    /// Files that are not samples for their extension (as torchvision leaves them out),
+    /// counted by extension, sorted by it.
+    pub left_out: Vec<LeftOut>,
+    /// What is worth a look but is no error (a hidden class folder, a class without images);
+    /// see [`Dataset::warnings`].
+    pub warnings: Vec<String>,
 }
 
 /// Decodes every sample of `dataset` once on `threads` threads, calling `progress` with the
@@ -119,5 +125,7 @@ pub fn inspect(
         max_size,
         bad_files: errors.iter().map(|e| e.location.clone()).collect(),
         errors,
+        left_out: dataset.left_out().to_vec(),
+        warnings: dataset.warnings().to_vec(),
     })
 }

@@ -7,8 +7,13 @@
 //!
 //! - [`Dataset`]: a labelled image collection; readers for [`ImageFolder`](imagefolder),
 //!   [CIFAR-10/100 binary](cifar) and [WebDataset shards](wds); [`open`] detects which.
+//!   An ImageFolder's sample `i` and label are torchvision's `ImageFolder(root).samples[i]`:
+//!   the same classes, files, order and extensions (see [`imagefolder`] for the rules and
+//!   the few deliberate differences, each warned about).
 //! - [`Decoder`](decode::Decoder): JPEG (baseline, progressive, any subsampling, grayscale,
-//!   CMYK) and PNG into RGB u8, in reused buffers.
+//!   CMYK) and PNG into RGB u8, in reused buffers, by their own fast decoders; WebP, BMP, TIFF
+//!   and PPM/PGM, the rest of torchvision's `IMG_EXTENSIONS`, through the `image` crate, into
+//!   the RGB PIL's `convert("RGB")` gives. Formats are sniffed from the bytes, as PIL does.
 //! - [`Transformer`](transforms::Transformer): torchvision-named transform pipelines
 //!   ([`Transforms`](transforms::Transforms)), with RandomResizedCrop + flip as the default.
 //! - [`EpochSampler`](sampler::EpochSampler): a seeded permutation per epoch.
@@ -75,8 +80,10 @@
 //!
 //! # Logging
 //!
-//! `tracing`: `warn` for a skipped bad sample (one line naming the file); nothing is logged
-//! on the per-sample hot path otherwise.
+//! `tracing`: `warn` for a skipped bad sample (one line naming the file) and, when an
+//! ImageFolder is opened, for a hidden class folder or a class without images; `info` for the
+//! files an ImageFolder leaves out, counted by extension. Nothing is logged on the per-sample
+//! hot path otherwise.
 
 mod dataset;
 pub mod decode;
@@ -89,7 +96,7 @@ pub mod sampler;
 pub mod synth;
 pub mod transforms;
 
-pub use dataset::{Dataset, Format, RecordData};
+pub use dataset::{Dataset, Format, LeftOut, RecordData};
 pub use error::{AugmentError, DecodeError, GenerateError, OpenError, PipelineError, SampleError};
 pub use formats::{cifar, detect, imagefolder, open, wds};
 pub use pipeline::BadSamplePolicy;

@@ -186,6 +186,7 @@ pub struct SampleProcessor {
     decoder: Decoder,
     transformer: Transformer,
     seed: u64,
+    crop_aware: bool,
 }
 
 impl SampleProcessor {
@@ -196,7 +197,15 @@ impl SampleProcessor {
             decoder: Decoder::new(),
             transformer: Transformer::new(transforms),
             seed,
+            crop_aware: true,
         }
+    }
+
+    /// Whether a JPEG is decoded only down to the last row its `RandomResizedCrop` reads
+    /// (on by default; see [`Decoder::decode_rows`]). The output is bit-identical either
+    /// way; off decodes every image whole, the path before crop-aware decoding.
+    pub fn set_crop_aware_decode(&mut self, on: bool) {
+        self.crop_aware = on;
     }
 
     /// Reads and decodes sample `index` into RGB.
@@ -218,13 +227,47 @@ impl SampleProcessor {
     ) -> Result<i64, SampleError> {
         let label = dataset.label(index)?;
         let seed = self.seed;
-        let image = Self::decode_with(&mut self.scratch, &mut self.decoder, dataset, index)?;
-        self.transformer
-            .apply(image, seed, epoch, index, out)
-            .map_err(|source| SampleError::Augment {
-                location: dataset.location(index),
-                source,
-            })?;
+        let augment_err = |source| SampleError::Augment {
+            location: dataset.location(index),
+            source,
+        };
+        let decode_err = |source| SampleError::Decode {
+            location: dataset.location(index),
+            source,
+        };
+        match dataset.read(index, &mut self.scratch)? {
+            RecordData::Encoded(bytes) if self.crop_aware => {
+                let transformer = &self.transformer;
+                let rows = self
+                    .decoder
+                    .decode_rows(bytes, |w, h| {
+                        transformer.rows_needed(w, h, seed, epoch, index)
+                    })
+                    .map_err(decode_err)?;
+                self.transformer
+                    .apply_rows(rows, seed, epoch, index, out)
+                    .map_err(augment_err)?;
+            }
+            RecordData::Encoded(bytes) => {
+                let image = self.decoder.decode(bytes).map_err(decode_err)?;
+                self.transformer
+                    .apply(image, seed, epoch, index, out)
+                    .map_err(augment_err)?;
+            }
+            RecordData::Planar {
+                width,
+                height,
+                bytes,
+            } => {
+                let image = self
+                    .decoder
+                    .from_planar(bytes, width, height)
+                    .map_err(decode_err)?;
+                self.transformer
+                    .apply(image, seed, epoch, index, out)
+                    .map_err(augment_err)?;
+            }
+        }
         Ok(label)
     }
 
@@ -561,6 +604,41 @@ mod tests {
             6,
             "the first 3 items sat in a half-filled chunk while the source waited for them"
         );
+    }
+
+    #[test]
+    fn crop_aware_decoding_gives_the_same_samples_as_decoding_whole_images() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::synth::SynthConfig {
+            count: 40,
+            width: 200,
+            height: 150,
+            ..Default::default()
+        };
+        crate::synth::generate(&config, dir.path(), &|_| {}).unwrap();
+        let dataset = crate::open(dir.path()).unwrap();
+        for spec in [
+            "RandomResizedCrop(64), RandomHorizontalFlip()",
+            "RandomResizedCrop(48, scale=(0.01, 0.1))",
+            "Resize(80), CenterCrop(64)",
+        ] {
+            let transforms = Transforms::parse(spec).unwrap();
+            let mut whole = SampleProcessor::new(transforms.clone(), 3);
+            whole.set_crop_aware_decode(false);
+            let mut cut = SampleProcessor::new(transforms.clone(), 3);
+            let (mut a, mut b) = (
+                vec![0; transforms.output_len()],
+                vec![0; transforms.output_len()],
+            );
+            for epoch in 0..3 {
+                for index in 0..dataset.len() {
+                    let la = whole.process(dataset.as_ref(), index, epoch, &mut a);
+                    let lb = cut.process(dataset.as_ref(), index, epoch, &mut b);
+                    assert_eq!(la.unwrap(), lb.unwrap());
+                    assert!(a == b, "{spec}: sample {index} of epoch {epoch} differs");
+                }
+            }
+        }
     }
 
     #[test]

@@ -15,8 +15,11 @@ use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::imagefolder::IMAGE_EXTENSIONS;
 use super::{list_dir, read_class_names};
+
+/// Member extensions (lower-case) read as images: JPEG and PNG, as before ImageFolder learnt
+/// the rest of torchvision's list (a shard's other members are metadata to WebDataset).
+const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png"];
 use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
 

@@ -4,7 +4,7 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::{Drawn, PaddingMode, ResizeTo, Transform, Transforms, resized_dims};
-use crate::decode::RgbImage;
+use crate::decode::{RgbImage, Rows};
 use crate::error::AugmentError;
 use crate::rng::{SampleRng, Stream};
 
@@ -258,7 +258,49 @@ impl Transformer {
         index: u64,
         out: &mut [u8],
     ) -> Result<(), AugmentError> {
-        self.run(image, seed, epoch, index, out, None)
+        let full_height = image.height;
+        self.run(image, full_height, seed, epoch, index, out, None)
+    }
+
+    /// How many rows from the top of a `width × height` image the pipeline reads for sample
+    /// `index` of `epoch`, when that is known before decoding: the bottom of the box a
+    /// leading `RandomResizedCrop` draws (the same draw [`apply`](Self::apply) makes).
+    /// `None` when the pipeline may read every row. A decoder can then stop there
+    /// ([`Decoder::decode_rows`](crate::decode::Decoder::decode_rows)) and hand the rows to
+    /// [`apply_rows`](Self::apply_rows).
+    pub fn rows_needed(
+        &self,
+        width: u32,
+        height: u32,
+        seed: u64,
+        epoch: u64,
+        index: u64,
+    ) -> Option<u32> {
+        let Some(&Transform::RandomResizedCrop { scale, ratio, .. }) =
+            self.transforms.list().first()
+        else {
+            return None;
+        };
+        if width == 0 || height == 0 {
+            return None;
+        }
+        let mut rng = SampleRng::new(Stream::Augment, seed, epoch, index);
+        let c = random_resized_crop(&mut rng, width, height, scale, ratio);
+        Some((c.top + c.height) as u32)
+    }
+
+    /// [`apply`](Self::apply) on an image of which only the top rows were decoded: the same
+    /// draws and the same output as `apply` on the whole image, as long as the rows cover
+    /// [`rows_needed`](Self::rows_needed); an error (not a panic) if they do not.
+    pub fn apply_rows(
+        &mut self,
+        rows: Rows<'_>,
+        seed: u64,
+        epoch: u64,
+        index: u64,
+        out: &mut [u8],
+    ) -> Result<(), AugmentError> {
+        self.run(rows.image, rows.full_height, seed, epoch, index, out, None)
     }
 
     /// [`apply`](Self::apply), also reporting what each transform drew (crop boxes, flips,
@@ -273,13 +315,26 @@ impl Transformer {
         out: &mut [u8],
     ) -> Result<Vec<Drawn>, AugmentError> {
         let mut drawn = Vec::with_capacity(self.transforms.list().len());
-        self.run(image, seed, epoch, index, out, Some(&mut drawn))?;
+        let full_height = image.height;
+        self.run(
+            image,
+            full_height,
+            seed,
+            epoch,
+            index,
+            out,
+            Some(&mut drawn),
+        )?;
         Ok(drawn)
     }
 
+    /// Runs the pipeline on `image`, the top `image.height` rows of an image `full_height`
+    /// rows tall (the whole image when the two are equal).
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
         image: RgbImage<'_>,
+        full_height: u32,
         seed: u64,
         epoch: u64,
         index: u64,
@@ -294,8 +349,12 @@ impl Transformer {
                 expected,
             });
         }
-        let (iw, ih) = (image.width, image.height);
-        if iw == 0 || ih == 0 || (image.pixels.len() as u64) < u64::from(iw) * u64::from(ih) * 3 {
+        let (iw, ih, decoded) = (image.width, full_height, image.height);
+        if iw == 0
+            || ih == 0
+            || decoded > ih
+            || (image.pixels.len() as u64) < u64::from(iw) * u64::from(decoded) * 3
+        {
             return Err(AugmentError::Degenerate {
                 width: iw,
                 height: ih,
@@ -319,6 +378,9 @@ impl Transformer {
             let t = &list[i];
             if !t.produces() {
                 if cur == Loc::Source {
+                    if decoded < h {
+                        return Err(missing_rows(decoded, h));
+                    }
                     let n = w as usize * h as usize * 3;
                     grow(&mut bufs[0], n).copy_from_slice(&image.pixels[..n]);
                     cur = Loc::Buf0;
@@ -334,6 +396,16 @@ impl Transformer {
                 continue;
             }
             let (op, nw, nh, end) = plan(list, i, w, h, &mut rng, &mut trace)?;
+            if cur == Loc::Source && decoded < h {
+                // Only the crop reads rows selectively; it must lie in the decoded ones.
+                let bottom = match op {
+                    Op::CropResample { top, height, .. } => top + height,
+                    _ => h,
+                };
+                if bottom > decoded {
+                    return Err(missing_rows(decoded, bottom));
+                }
+            }
             check_dims(name(t), u64::from(nw), u64::from(nh))?;
             let dst = if end == *last_producer {
                 Loc::Out
@@ -342,7 +414,11 @@ impl Transformer {
             } else {
                 Loc::Buf0
             };
-            let (src_len, dst_len) = (w as usize * h as usize * 3, nw as usize * nh as usize * 3);
+            let rows_held = if cur == Loc::Source { decoded } else { h };
+            let (src_len, dst_len) = (
+                w as usize * rows_held as usize * 3,
+                nw as usize * nh as usize * 3,
+            );
             if dst == Loc::Out && dst_len != out.len() {
                 return Err(AugmentError::OutputSize {
                     len: out.len(),
@@ -405,6 +481,13 @@ impl Transformer {
         }
         Ok(())
     }
+}
+
+/// The error for a pipeline that would read rows a partial decode left out.
+fn missing_rows(decoded: u32, needed: u32) -> AugmentError {
+    AugmentError::Resize(format!(
+        "internal: {decoded} rows were decoded but the pipeline reads {needed}"
+    ))
 }
 
 /// The operation producing transform `i` performs on a `w × h` image, its output size, and
