@@ -86,6 +86,52 @@ fn inspect_lists_planted_bad_files_by_path_and_still_exits_zero() {
 }
 
 #[test]
+fn inspect_says_how_many_files_it_left_out_by_extension_and_warns_about_hidden_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    generate("imagefolder", 20, dir.path());
+    let root = dir.path();
+    std::fs::write(root.join("amber/notes.txt"), b"not an image").unwrap();
+    std::fs::write(root.join("gold/README.TXT"), b"not an image").unwrap();
+    std::fs::write(root.join("gold/Makefile"), b"all:").unwrap();
+    std::fs::create_dir(root.join(".ipynb_checkpoints")).unwrap();
+    let some_jpg = std::fs::read_dir(root.join("amber"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .unwrap();
+    std::fs::copy(&some_jpg, root.join(".ipynb_checkpoints/copy.JPG")).unwrap();
+
+    let report = ok_json(&["dataset", "inspect", root.to_str().unwrap(), "--json"]);
+    // The hidden folder is a class, as torchvision takes it, and its image is a sample.
+    assert_eq!(report["samples"], 21);
+    assert_eq!(report["classes"], 11);
+    assert_eq!(
+        report["left_out"],
+        serde_json::json!([{"extension": "", "files": 1}, {"extension": ".txt", "files": 2}])
+    );
+    let warnings = report["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].as_str().unwrap().contains(".ipynb_checkpoints"),
+        "{warnings:?}"
+    );
+
+    let out = ladle(&["dataset", "inspect", root.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l == "left out  3 files not read as images (1 (no extension), 2 .txt)"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("warning   hidden folder \".ipynb_checkpoints\"")),
+        "{text}"
+    );
+}
+
+#[test]
 fn inspect_of_an_unreadable_dataset_fails_with_a_message_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-dataset");

@@ -13,7 +13,7 @@
 //! WebP, BMP, TIFF and PPM/PGM (the rest of torchvision's `IMG_EXTENSIONS`) go through the
 //! [`image`] crate, built with only those formats, into the RGB of PIL's `convert("RGB")`:
 //! grey copied to R, G, B, alpha dropped, 16-bit grey clipped to 255 (PIL's `I;16` → `RGB`),
-//! 16-bit colour cut to its high byte. Lossy WebP may differ from libwebp's by a level or two
+//! 16-bit colour cut to its high byte; PNG follows the same rules. Lossy WebP may differ from libwebp's by a level or two
 //! (chroma upsampling); a TIFF that `image` cannot read (palette, YCbCr) is a bad sample.
 //! Their size is checked against [`MAX_SIDE`] from the header, before decoding.
 //!
@@ -205,7 +205,17 @@ fn decode_png(
         bytes: (MAX_SIDE as usize).pow(2),
     };
     let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
-    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    // 16-bit grey stays 16-bit, to be clipped as PIL's `I;16` → `RGB` clips; every other
+    // kind is cut to 8 bits (the high byte), palettes and tRNS expanded.
+    let grey16 = {
+        let header = decoder.read_header_info().map_err(png_err)?;
+        header.color_type == png::ColorType::Grayscale && header.bit_depth == png::BitDepth::Sixteen
+    };
+    decoder.set_transformations(if grey16 {
+        png::Transformations::IDENTITY
+    } else {
+        png::Transformations::normalize_to_color8()
+    });
     let mut reader = decoder.read_info().map_err(png_err)?;
     let (width, height) = {
         let info = reader.info();
@@ -221,7 +231,7 @@ fn decode_png(
     resize_buffer(rgb, pixels * 3);
     let src = &scratch[..frame.buffer_size()];
     let dst = &mut rgb[..pixels * 3];
-    let channels = frame.color_type.samples();
+    let channels = frame.color_type.samples() * if grey16 { 2 } else { 1 };
     if frame.line_size != width as usize * channels || src.len() < pixels * channels {
         return Err(DecodeError::Png(format!(
             "unexpected {:?} frame layout",
@@ -233,6 +243,11 @@ fn decode_png(
         png::ColorType::Rgba => {
             for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(4)) {
                 d.copy_from_slice(&s[..3]);
+            }
+        }
+        png::ColorType::Grayscale if grey16 => {
+            for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(2)) {
+                d.fill(u16::from_be_bytes([s[0], s[1]]).min(255) as u8);
             }
         }
         png::ColorType::Grayscale => {
@@ -315,6 +330,37 @@ mod tests {
         }
         let img = d.decode(&png_bytes).unwrap();
         assert_eq!(img.pixels, &src[..]);
+    }
+
+    #[test]
+    fn sixteen_bit_png_grey_clips_and_sixteen_bit_colour_keeps_the_high_byte_as_pil_does() {
+        let png16 = |color: png::ColorType, samples: &[u16]| {
+            let mut out = Vec::new();
+            let mut enc = png::Encoder::new(&mut out, 2, 1);
+            enc.set_color(color);
+            enc.set_depth(png::BitDepth::Sixteen);
+            let data: Vec<u8> = samples.iter().flat_map(|v| v.to_be_bytes()).collect();
+            enc.write_header().unwrap().write_image_data(&data).unwrap();
+            out
+        };
+        let mut d = Decoder::new();
+        // PIL: mode I;16, `convert("RGB")` clips to 255 (not the high byte, which is 0x01).
+        let img = d
+            .decode(&png16(png::ColorType::Grayscale, &[200, 0x1234]))
+            .unwrap();
+        assert_eq!(img.pixels, &[200, 200, 200, 255, 255, 255]);
+        // PIL unpacks 16-bit RGB and grey+alpha to their high bytes.
+        let img = d
+            .decode(&png16(
+                png::ColorType::Rgb,
+                &[0x1234, 0xabcd, 0x00ff, 1, 2, 3],
+            ))
+            .unwrap();
+        assert_eq!(img.pixels, &[0x12, 0xab, 0x00, 0, 0, 0]);
+        let img = d
+            .decode(&png16(png::ColorType::GrayscaleAlpha, &[0x8000, 9, 200, 9]))
+            .unwrap();
+        assert_eq!(img.pixels, &[0x80, 0x80, 0x80, 0, 0, 0]);
     }
 
     #[test]
