@@ -11,14 +11,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use ladle_ring::protocol::{self, ClientMessage, DatasetInfo, Hello, ServerMessage};
+use ladle_ring::protocol::{
+    self, ClientMessage, DatasetInfo, FeedIdentity, GroupHello, Hello, ServerMessage,
+};
 use ladle_ring::{
     ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, Schema, shm, sys,
 };
 
 use crate::config::{self, ConsumerConfig};
-use crate::error::{ConnectError, ConsumerError, FieldError};
+use crate::error::{ConnectError, ConsumerError, FieldError, ResumeError};
 use crate::fields::{AlignedBytes, Element, FieldView, cast};
+use crate::plan::{Bitmap, EpochPlan, Even, GroupSpec};
+use crate::position::SavedPosition;
 
 /// The longest dataset a consumer accepts (2^40 samples; its per-epoch record is then 128 GiB
 /// of bits, so the real limit is memory).
@@ -47,6 +51,8 @@ pub struct Consumer {
     config: ConsumerConfig,
     consumer_id: u64,
     dataset: DatasetInfo,
+    /// The feed's identity, which saved positions are checked against.
+    identity: FeedIdentity,
     start_seq: u64,
     state: Mutex<State>,
     /// Held while a catch-up batch is gathered (one at a time; see [`Consumer::rejoin`]).
@@ -77,50 +83,26 @@ struct State {
     released: u64,
     /// The final error, once the producer is gone for this consumer.
     fatal: Option<ConsumerError>,
-    /// Where epoch 0 starts: epoch `k` is `[base + k·N, base + (k+1)·N)`. Moves (by whole
-    /// epochs or to a rejoin point) only when the consumer rejoins after being let go.
+    /// Where epoch `first_epoch` starts: epoch `k` is `[base + (k − first_epoch)·N, …)`, `N`
+    /// sequences. Moves (by whole epochs or to a rejoin point) only when the consumer
+    /// rejoins after being let go.
     base: u64,
-    /// The dataset indices delivered in the current epoch (a bit per index): what a rejoin
-    /// needs to finish the epoch exactly.
-    seen: Vec<u64>,
-    /// How many bits of `seen` are set.
-    seen_count: u64,
-    /// The current epoch goes on after a rejoin: its window of the feed holds every index
-    /// once, and only those not yet seen are delivered, copied into owned batches.
+    /// The number of the first epoch: 0, or the epoch of a loaded position.
+    first_epoch: u64,
+    /// What the current epoch delivers (every index, or a rank's share) and has delivered
+    /// (a bit per index): what a rejoin needs to finish the epoch exactly, and what a saved
+    /// position records.
+    plan: EpochPlan,
+    /// A loaded position's delivered set, for the first epoch to begin.
+    resume: Option<Bitmap>,
+    /// What the current epoch delivers in all ([`Consumer::epoch_samples`]).
+    epoch_samples: u64,
+    /// The current epoch is gathered: its window of the feed holds every index once, and
+    /// only those its plan still wants are delivered, copied into owned batches (after a
+    /// rejoin, a resume, and always for a rank of a group).
     catch_up: bool,
     /// Rejoins so far: a batch made before the last one may have been overwritten.
     generation: u64,
-}
-
-impl State {
-    /// Takes back [`State::mark_seen`] of `index` (a copy that may be torn).
-    fn unmark_seen(&mut self, index: u64) {
-        if let Some(word) = self.seen.get_mut((index / 64) as usize) {
-            let bit = 1u64 << (index % 64);
-            if *word & bit != 0 {
-                *word &= !bit;
-                self.seen_count -= 1;
-            }
-        }
-    }
-
-    /// Marks dataset index `index` (of `n`) delivered in this epoch; returns whether it was
-    /// new. An index outside the dataset (from a broken producer) is never new.
-    fn mark_seen(&mut self, index: u64, n: u64) -> bool {
-        if index >= n {
-            return false;
-        }
-        let Some(word) = self.seen.get_mut((index / 64) as usize) else {
-            return false;
-        };
-        let bit = 1u64 << (index % 64);
-        if *word & bit != 0 {
-            return false;
-        }
-        *word |= bit;
-        self.seen_count += 1;
-        true
-    }
 }
 
 /// Samples copied out of the ring: a batch gathered after a rejoin.
@@ -223,6 +205,62 @@ fn connect_waiting(
     }
 }
 
+/// Reads the producer's answer to `Hello`: the first frame, or for a rank of a group the
+/// first after its `GroupWaiting`s, each of which moves the deadline to the group timeout
+/// (from `started`) plus a handshake timeout. `Err(Ok(_))` is a protocol error for the
+/// caller to classify; `Err(Err(_))` is [`ConnectError::GroupIncomplete`].
+fn receive_welcome(
+    sock: &UnixStream,
+    socket: &Path,
+    config: &ConsumerConfig,
+    started: Instant,
+    mut deadline: Instant,
+) -> Result<(ServerMessage, Vec<OwnedFd>), Result<ProtocolError, ConnectError>> {
+    let Some(group) = &config.group else {
+        return protocol::recv_by::<ServerMessage>(sock, deadline).map_err(Ok);
+    };
+    let group_deadline =
+        started + config.group_timeout.min(GROUP_WAIT_CAP) + config.handshake_timeout;
+    let mut joined = Vec::new();
+    loop {
+        match protocol::recv_by::<ServerMessage>(sock, deadline) {
+            Ok((ServerMessage::GroupWaiting { joined: now, .. }, _)) => {
+                tracing::info!(group = %group.name, rank = group.rank, joined = ?now, world_size = group.world_size, "waiting for the other ranks of the group");
+                joined = now;
+                deadline = group_deadline;
+            }
+            Ok((ServerMessage::GroupIncomplete { missing, waited_s }, _)) => {
+                return Err(Err(ConnectError::GroupIncomplete {
+                    socket: socket.into(),
+                    group: group.name.clone(),
+                    missing,
+                    world_size: group.world_size,
+                    waited: Duration::try_from_secs_f64(waited_s).unwrap_or_default(),
+                }));
+            }
+            // No answer by the group's deadline: the ranks not heard of are the missing ones.
+            Err(ProtocolError::Io(e))
+                if !joined.is_empty()
+                    && matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                return Err(Err(ConnectError::GroupIncomplete {
+                    socket: socket.into(),
+                    group: group.name.clone(),
+                    missing: (0..group.world_size)
+                        .filter(|r| !joined.contains(r))
+                        .collect(),
+                    world_size: group.world_size,
+                    waited: started.elapsed(),
+                }));
+            }
+            other => return other.map_err(Ok),
+        }
+    }
+}
+
+/// The longest a rank waits for its group (the producer's cap, `MAX_GROUP_WAIT`).
+const GROUP_WAIT_CAP: Duration = Duration::from_secs(3600);
+
 impl Consumer {
     /// Connects to the producer listening on `socket`, checks that it runs as our user, says
     /// `Hello` and maps the ring it hands over.
@@ -290,6 +328,12 @@ impl Consumer {
             drop_last: config.drop_last,
             name: config.name.clone(),
             pid: std::process::id(),
+            group: config.group.as_ref().map(|g| GroupHello {
+                name: g.name.clone(),
+                rank: g.rank,
+                world_size: g.world_size,
+                timeout_ms: u64::try_from(config.group_timeout.as_millis()).unwrap_or(u64::MAX),
+            }),
         });
         let handshake_error = |source: ProtocolError, socket: PathBuf| match source {
             ProtocolError::Io(e)
@@ -302,9 +346,10 @@ impl Consumer {
         if let Err(e) = protocol::send(&sock, &hello, &[]) {
             return Err(handshake_error(e, socket));
         }
-        let (message, fds) = match protocol::recv_by::<ServerMessage>(&sock, deadline) {
+        let (message, fds) = match receive_welcome(&sock, &socket, &config, started, deadline) {
             Ok(received) => received,
-            Err(e) => return Err(handshake_error(e, socket)),
+            Err(Ok(e)) => return Err(handshake_error(e, socket)),
+            Err(Err(e)) => return Err(e),
         };
         // From here on the timeouts bound the reading (and writing) of one frame that has
         // begun to arrive.
@@ -321,7 +366,11 @@ impl Consumer {
             | ServerMessage::Detached { reason } => {
                 return Err(ConnectError::Rejected { socket, reason });
             }
-            ServerMessage::Rejoined { .. } | ServerMessage::Stats(_) => {
+            ServerMessage::Rejoined { .. }
+            | ServerMessage::Stats(_)
+            | ServerMessage::GroupWaiting { .. }
+            | ServerMessage::GroupIncomplete { .. }
+            | ServerMessage::GroupBroken { .. } => {
                 return Err(ConnectError::Protocol {
                     socket,
                     source: ProtocolError::Malformed("an answer other than Welcome".into()),
@@ -392,18 +441,13 @@ impl Consumer {
         // A bit per sample for the epoch's record: a length no memory holds is refused, not an
         // abort (it comes from another process).
         let len = welcome.dataset.len;
-        let mut seen = Vec::new();
-        let reserved = usize::try_from(len.div_ceil(64))
-            .ok()
-            .filter(|_| len <= MAX_DATASET_LEN)
-            .is_some_and(|words| {
-                seen.try_reserve_exact(words).is_ok() && {
-                    seen.resize(words, 0);
-                    true
-                }
-            });
-        if !reserved {
+        let Ok(plan) = EpochPlan::try_whole(len) else {
             return Err(ConnectError::DatasetTooLarge { socket, len });
+        };
+        if let Some(group) = &config.group {
+            if let Err(source) = group.validate(len) {
+                return Err(ConnectError::Group { socket, source });
+            }
         }
         Ok(Self {
             socket,
@@ -413,6 +457,7 @@ impl Consumer {
             config,
             consumer_id: welcome.consumer_id,
             dataset: welcome.dataset,
+            identity: welcome.identity,
             start_seq,
             state: Mutex::new(State {
                 next_seq: start_seq,
@@ -422,8 +467,10 @@ impl Consumer {
                 released: start_seq,
                 fatal: None,
                 base: start_seq,
-                seen,
-                seen_count: 0,
+                first_epoch: 0,
+                plan,
+                resume: None,
+                epoch_samples: 0,
                 catch_up: false,
                 generation: 0,
             }),
@@ -491,9 +538,38 @@ impl Consumer {
         let number = state.next_epoch;
         state.next_epoch = number.saturating_add(1);
         state.current_epoch = Some(number);
-        state.seen.fill(0);
-        state.seen_count = 0;
-        state.catch_up = false;
+        let resume = state.resume.take();
+        match &self.config.group {
+            None => state.plan.reset(),
+            Some(group) => match EpochPlan::for_rank(self.dataset.len, group, number) {
+                Ok(plan) => state.plan = plan,
+                Err(source) => {
+                    let error = ConsumerError::Plan {
+                        socket: self.socket.clone(),
+                        source,
+                    };
+                    self.fail(&mut state, error);
+                }
+            },
+        }
+        if let Some(delivered) = resume {
+            // Checked against this plan when the position was loaded.
+            if let Err(source) = state.plan.restore(&delivered) {
+                let error = ConsumerError::Plan {
+                    socket: self.socket.clone(),
+                    source,
+                };
+                self.fail(&mut state, error);
+            }
+        }
+        state.catch_up = self.config.group.is_some() || state.plan.delivered() > 0;
+        let remaining = state.plan.remaining();
+        let batch = u64::from(self.config.batch_size);
+        state.epoch_samples = if self.config.drop_last {
+            remaining - remaining % batch
+        } else {
+            remaining
+        };
         // An epoch that starts past 2^64 is reported by its first `next`.
         let begin = self.epoch_start(&state, number).unwrap_or(0);
         if state.next_seq < begin {
@@ -501,6 +577,78 @@ impl Consumer {
             self.release_locked(&mut state);
         }
         number
+    }
+
+    /// Where this consumer stands, to resume from later ([`Consumer::load_position`]): the
+    /// epoch in progress and the indices it has delivered (batches handed out, dropped or
+    /// not), or the next epoch, none delivered, when the current one is complete. The feed's
+    /// identity comes with it. Encode it with [`SavedPosition::encode`] to store it beside a
+    /// checkpoint.
+    pub fn position(&self) -> SavedPosition {
+        let state = self.state();
+        let (epoch, delivered) = match (state.current_epoch, &state.resume) {
+            // Loaded and not begun: the loaded position itself.
+            (None, Some(delivered)) => (state.next_epoch, delivered.clone()),
+            (Some(k), _) if !state.plan.is_complete() => (k, state.plan.delivered_set().clone()),
+            _ => (state.next_epoch, Bitmap::new(self.dataset.len)),
+        };
+        SavedPosition {
+            identity: self.identity.clone(),
+            epoch,
+            delivered,
+            group: self.config.group.clone(),
+            batch_size: self.config.batch_size,
+            drop_last: self.config.drop_last,
+        }
+    }
+
+    /// Continues from `position` (saved by [`Consumer::position`], by this process or an
+    /// earlier one, against this producer or a restarted one of the same feed): the next
+    /// [`Consumer::epoch`] is the saved epoch and delivers exactly the indices it had not
+    /// delivered (a rank: of its share), then whole epochs follow. What is exact is the set
+    /// of indices; each sample's augmentation follows the producer epoch it is decoded in,
+    /// as for any late joiner.
+    ///
+    /// Refused, changing nothing, when the position belongs to another feed (naming the
+    /// first difference), another group or rank, or an epoch has begun already.
+    pub fn load_position(&self, position: &SavedPosition) -> Result<(), ResumeError> {
+        position.check_feed(&self.identity)?;
+        if position.group != self.config.group {
+            let words = |g: &Option<GroupSpec>| match g {
+                None => "a consumer of whole epochs".to_owned(),
+                Some(g) => format!(
+                    "rank {} of {} of group {:?} (even={})",
+                    g.rank, g.world_size, g.name, g.even
+                ),
+            };
+            return Err(ResumeError::OtherGroup {
+                saved: words(&position.group),
+                configured: words(&self.config.group),
+            });
+        }
+        let mut state = self.state();
+        if let Some(epoch) = state.current_epoch {
+            return Err(ResumeError::AlreadyStarted { epoch });
+        }
+        // The saved set must fit the saved epoch's plan.
+        let mut plan = match &self.config.group {
+            None => EpochPlan::try_whole(self.dataset.len),
+            Some(group) => EpochPlan::for_rank(self.dataset.len, group, position.epoch),
+        }
+        .map_err(ResumeError::Plan)?;
+        plan.restore(&position.delivered)
+            .map_err(ResumeError::Plan)?;
+        state.next_epoch = position.epoch;
+        state.first_epoch = position.epoch;
+        state.resume = Some(position.delivered.clone());
+        Ok(())
+    }
+
+    /// The samples the current epoch delivers in all, fixed when it began: the consumer's
+    /// share ([`Consumer::samples_per_epoch`]), or after a loaded position what the saved
+    /// epoch had left (less the partial batch under `drop_last`). 0 before the first epoch.
+    pub fn epoch_samples(&self) -> u64 {
+        self.state().epoch_samples
     }
 
     /// How many epochs were started: the number the next [`Consumer::epoch`] gives its epoch.
@@ -523,9 +671,24 @@ impl Consumer {
         &self.config
     }
 
-    /// Batches per epoch: `ceil(N / B)`, or `floor(N / B)` with `drop_last`.
+    /// Samples in a whole epoch of this consumer before batching: `N`, or for a rank of a
+    /// group its share, `ceil(N / W)` (`Even::Pad`) or `floor(N / W)` (`Even::Drop`).
+    pub fn share_per_epoch(&self) -> u64 {
+        let n = self.dataset.len;
+        match &self.config.group {
+            None => n,
+            Some(g) => match g.even {
+                Even::Pad => n.div_ceil(u64::from(g.world_size.max(1))),
+                Even::Drop => n / u64::from(g.world_size.max(1)),
+            },
+        }
+    }
+
+    /// Batches per whole epoch: `ceil(S / B)`, or `floor(S / B)` with `drop_last`, where `S`
+    /// is [`Consumer::share_per_epoch`] (`N` unless a rank of a group). A resumed epoch has
+    /// fewer.
     pub fn batches_per_epoch(&self) -> u64 {
-        let (n, b) = (self.dataset.len, u64::from(self.config.batch_size));
+        let (n, b) = (self.share_per_epoch(), u64::from(self.config.batch_size));
         if self.config.drop_last {
             n / b
         } else {
@@ -533,11 +696,12 @@ impl Consumer {
         }
     }
 
-    /// Samples per epoch that are delivered: `N`, or `N − N mod B` with `drop_last`.
+    /// Samples per whole epoch that are delivered: `S`, or `S − S mod B` with `drop_last`
+    /// (`S`: [`Consumer::share_per_epoch`]).
     pub fn samples_per_epoch(&self) -> u64 {
         self.batches_per_epoch()
             .saturating_mul(u64::from(self.config.batch_size))
-            .min(self.dataset.len)
+            .min(self.share_per_epoch())
     }
 
     /// This consumer's id in the producer's logs.
@@ -572,10 +736,12 @@ impl Consumer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Where epoch `number` starts: `base + number·N`, `None` past sequence 2^64.
+    /// Where epoch `number` starts: `base + (number − first_epoch)·N`, `None` past sequence
+    /// 2^64.
     fn epoch_start(&self, state: &State, number: u64) -> Option<u64> {
         number
-            .checked_mul(self.dataset.len)
+            .checked_sub(state.first_epoch)
+            .and_then(|k| k.checked_mul(self.dataset.len))
             .and_then(|offset| state.base.checked_add(offset))
     }
 
@@ -596,6 +762,9 @@ impl Consumer {
     /// producer could never write the batch's end).
     fn reserve(&self, number: u64) -> Result<Reserve, ConsumerError> {
         let mut state = self.state();
+        if state.current_epoch == Some(number) && state.plan.is_complete() {
+            return Ok(Reserve::Done);
+        }
         if state.catch_up && state.current_epoch == Some(number) {
             return Ok(Reserve::CatchUp);
         }
@@ -662,7 +831,7 @@ impl Consumer {
         // for at least its stall timeout; `count <= capacity / 2`.
         let indices = unsafe { self.ring.indices(first, count as usize) };
         for &index in indices {
-            state.mark_seen(index, self.dataset.len);
+            state.plan.mark(index);
         }
         Ok(Delivery::Delivered)
     }
@@ -768,14 +937,18 @@ impl Consumer {
         state.released = start;
         // The epoch in progress takes the window [start, start + N) when it has seen part of
         // the dataset; otherwise the next epoch to begin starts at `start`.
+        let gathered = self.config.group.is_some();
         let (number, catch_up) = match state.current_epoch {
-            Some(k) if state.seen_count > 0 && state.seen_count < n => (k, true),
-            Some(k) if state.seen_count == 0 => (k, false),
-            _ => (state.next_epoch, false),
+            Some(k) if state.plan.delivered() > 0 && !state.plan.is_complete() => (k, true),
+            Some(k) if state.plan.delivered() == 0 => (k, gathered),
+            _ => (state.next_epoch, gathered),
         };
         // Epoch `number` starts at `start` (`base = start − number·N`), or at `number·N` when
         // that lies beyond (the samples between are skipped): N consecutive samples either way.
-        let Some(offset) = number.checked_mul(n) else {
+        let Some(offset) = number
+            .checked_sub(state.first_epoch)
+            .and_then(|k| k.checked_mul(n))
+        else {
             let error = ConsumerError::SequenceOverflow {
                 socket: socket(),
                 epoch: number,
@@ -788,7 +961,7 @@ impl Consumer {
         tracing::warn!(
             consumer_id = self.consumer_id,
             start,
-            seen = state.seen_count,
+            delivered = state.plan.delivered(),
             "the producer let this consumer go (it held the feed back without taking a batch \
              for the stall timeout); rejoined"
         );
@@ -810,6 +983,13 @@ impl Consumer {
             .catching_up
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if self.config.group.is_some() {
+            // A rank hears promptly that another went, even while data keeps coming.
+            self.check_socket();
+            if let Some(error @ ConsumerError::GroupBroken { .. }) = self.fatal() {
+                return Err(error);
+            }
+        }
         let batch_size = u64::from(self.config.batch_size);
         let schema = &self.ring.layout().schema;
         let mut owned = Owned::with_capacity(batch_size as usize, schema);
@@ -866,9 +1046,9 @@ impl Consumer {
             let mut stop = first + count;
             let before = owned.len();
             for (k, &index) in indices.iter().enumerate() {
-                if state.mark_seen(index, self.dataset.len) {
+                if state.plan.mark(index) {
                     owned.push(first + k as u64, k, &fields, index, flags[k]);
-                    if owned.len() as u64 == batch_size {
+                    if owned.len() as u64 == batch_size || state.plan.is_complete() {
                         stop = first + k as u64 + 1;
                         break;
                     }
@@ -879,7 +1059,7 @@ impl Consumer {
                 // Let go while copying (a stall timeout passed since the delivery): the copy
                 // may be torn. Forget it and gather the span again after the rejoin.
                 for &index in &owned.indices[before..] {
-                    state.unmark_seen(index);
+                    state.plan.unmark(index);
                 }
                 owned.truncate(before, schema);
                 self.rejoin(&mut state)?;
@@ -888,7 +1068,7 @@ impl Consumer {
             // The rest of the span is gathered next time (it stays unreleased).
             state.next_seq = stop;
             self.release_locked(&mut state);
-            if owned.len() as u64 == batch_size {
+            if owned.len() as u64 == batch_size || state.plan.is_complete() {
                 break;
             }
         }
@@ -1020,6 +1200,15 @@ impl Consumer {
             Ok(Some(ServerMessage::Detached { reason })) => {
                 self.set_fatal(ConsumerError::Detached {
                     socket: socket(),
+                    reason,
+                })
+            }
+            Ok(Some(ServerMessage::GroupBroken { rank, reason })) => {
+                let group = self.config.group.as_ref().map(|g| g.name.clone());
+                self.set_fatal(ConsumerError::GroupBroken {
+                    socket: socket(),
+                    group: group.unwrap_or_default(),
+                    rank,
                     reason,
                 })
             }
