@@ -127,3 +127,154 @@ mod tests {
         assert_eq!(cuts.offsets().count(), 0);
     }
 }
+
+/// The feed and the consumers' epoch plans together, as a model without processes: any
+/// interleaving of joins, let-gos with rejoins, kills and resumes from saved positions keeps
+/// every epoch of every consumer exact (a whole consumer's epoch: each index once; a rank's:
+/// exactly its share).
+#[cfg(test)]
+mod model {
+    use super::*;
+    use ladle_consumer::plan::{Bitmap, EpochPlan, Even, GroupSpec};
+    use proptest::prelude::*;
+
+    /// One consumer as the model runs it: its cut point, its current epoch's window and plan.
+    struct Reader {
+        group: Option<GroupSpec>,
+        /// Where its current attachment started (its cut point is this mod N).
+        start: u64,
+        /// The current epoch's window `[window, window + N)` and number.
+        window: u64,
+        epoch: u64,
+        plan: EpochPlan,
+        epochs_done: u64,
+    }
+
+    impl Reader {
+        fn plan(n: u64, group: &Option<GroupSpec>, epoch: u64) -> EpochPlan {
+            match group {
+                None => EpochPlan::whole(n),
+                Some(g) => EpochPlan::for_rank(n, g, epoch).unwrap(),
+            }
+        }
+
+        fn join(n: u64, seq: u64, group: Option<GroupSpec>, resume: Option<(u64, Bitmap)>) -> Self {
+            let (epoch, delivered) = resume.unwrap_or((0, Bitmap::new(n)));
+            let mut plan = Self::plan(n, &group, epoch);
+            plan.restore(&delivered).unwrap();
+            Self {
+                plan,
+                group,
+                start: seq,
+                window: seq,
+                epoch,
+                epochs_done: 0,
+            }
+        }
+
+        /// Sequence `seq` holding `index` passes: deliver it if wanted; an epoch whose window
+        /// ends must be complete.
+        fn pass(&mut self, n: u64, seq: u64, index: u64) {
+            if seq < self.window {
+                return;
+            }
+            self.plan.mark(index);
+            if seq + 1 == self.window + n {
+                assert!(
+                    self.plan.is_complete(),
+                    "epoch {} (window from {}) ended with {} of {} delivered",
+                    self.epoch,
+                    self.window,
+                    self.plan.delivered(),
+                    self.plan.target()
+                );
+                self.epoch += 1;
+                self.epochs_done += 1;
+                self.window += n;
+                self.plan = Self::plan(n, &self.group, self.epoch);
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// A consumer joins: whole, or rank `rank` of a group of `world`.
+        Join { rank: Option<(u32, u32)> },
+        /// Consumer `which` is let go and rejoins at the producer's next sequence: its epoch
+        /// goes on in the window from there.
+        LetGoAndRejoin { which: usize },
+        /// Consumer `which` dies; one that saved its position resumes it at the next sequence.
+        KillAndResume { which: usize },
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            prop::option::of((0u32..3, 1u32..4)).prop_map(|rank| Event::Join {
+                rank: rank.map(|(r, w)| (r % w, w))
+            }),
+            (0usize..8).prop_map(|which| Event::LetGoAndRejoin { which }),
+            (0usize..8).prop_map(|which| Event::KillAndResume { which }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn every_epoch_stays_exact_through_joins_let_gos_kills_and_resumes(
+            n in 3u64..60,
+            seed in any::<u64>(),
+            events in prop::collection::vec((0u64..150, event()), 1..12),
+            even_drop in any::<bool>(),
+        ) {
+            let mut feed = Feed::new(n, seed);
+            let mut cuts = CutPoints::default();
+            let mut readers: Vec<Reader> = Vec::new();
+            let mut events = events;
+            events.sort_by_key(|(at, _)| *at);
+            let end = events.last().map_or(0, |(at, _)| *at) + 4 * n;
+            let even = if even_drop { Even::Drop } else { Even::Pad };
+            let mut next_event = events.into_iter().peekable();
+            for seq in 0..end {
+                // Events take effect before sequence `seq` is produced.
+                while next_event.peek().is_some_and(|(at, _)| *at <= seq) {
+                    let (_, e) = next_event.next().unwrap();
+                    match e {
+                        Event::Join { rank } => {
+                            let group = rank.filter(|&(_, w)| u64::from(w) <= n).map(|(rank, world_size)| GroupSpec {
+                                name: "job".into(), rank, world_size, even,
+                            });
+                            cuts.add(seq % n);
+                            readers.push(Reader::join(n, seq, group, None));
+                        }
+                        Event::LetGoAndRejoin { which } if !readers.is_empty() => {
+                            let len = readers.len();
+                            let r = &mut readers[which % len];
+                            cuts.remove(r.start % n);
+                            cuts.add(seq % n);
+                            r.start = seq;
+                            // The epoch in progress goes on from the rejoin point.
+                            r.window = seq;
+                        }
+                        Event::KillAndResume { which } if !readers.is_empty() => {
+                            let i = which % readers.len();
+                            let dead = readers.swap_remove(i);
+                            cuts.remove(dead.start % n);
+                            let saved = (dead.epoch, dead.plan.delivered_set().clone());
+                            cuts.add(seq % n);
+                            readers.push(Reader::join(n, seq, dead.group, Some(saved)));
+                        }
+                        _ => {}
+                    }
+                }
+                let (index, _) = feed.index_of(seq, &cuts);
+                for r in &mut readers {
+                    r.pass(n, seq, index);
+                }
+            }
+            // Every consumer finished at least two epochs after the last event, each exact.
+            for r in &readers {
+                prop_assert!(r.epochs_done >= 2, "a consumer finished {} epochs", r.epochs_done);
+            }
+        }
+    }
+}
