@@ -484,3 +484,37 @@ fn a_group_restarted_as_a_whole_from_its_ranks_positions_finishes_the_epoch_exac
         "repeats beyond the padding"
     );
 }
+
+#[test]
+fn a_consumer_killed_mid_epoch_resumes_from_the_position_it_saved_and_finishes_the_epoch() {
+    let mut fx = Fixture::new();
+    let n = 100u64;
+    let data = fx.dataset(n as u32, 24, 20);
+    fx.serve(&data, SERVE);
+    let saved = fx.path().join("position.bin");
+    let saved_arg = saved.to_str().unwrap().to_owned();
+    let first = fx.consume(10, 1, &["--step-ms", "100", "--save-position", &saved_arg]);
+    // Wait until the saved position holds at least 40 samples, then kill the process.
+    let delivered = ladle_tests::wait_until("a position with 40 samples delivered", GUARD, || {
+        Ok(std::fs::read(&saved)
+            .ok()
+            .and_then(|bytes| SavedPosition::decode(&bytes).ok())
+            .filter(|p| p.delivered.count() >= 40)
+            .map(|p| p.delivered.count()))
+    });
+    fx.signal(first, 9);
+    fx.wait(first, GUARD);
+    // The file is whole (written beside and renamed), whatever moment the kill came.
+    let position = SavedPosition::decode(&std::fs::read(&saved).unwrap()).unwrap();
+    assert!(position.delivered.count() >= delivered && position.delivered.count() < n);
+    let resumed = fx.consume(10, 2, &["--resume", &saved_arg]);
+    let epochs = fx
+        .wait(resumed, GUARD)
+        .assert_exact(2, "the resumed consumer");
+    assert_eq!(
+        epochs[0]["samples"],
+        n - position.delivered.count(),
+        "the rest of the epoch"
+    );
+    assert_eq!(epochs[1]["samples"], n, "then a whole epoch");
+}
