@@ -254,6 +254,17 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     }
     let socket = conn.try_clone().map_err(|e| e.to_string())?;
     let page = Arc::new(CursorPage::create(0).map_err(|e| e.to_string())?);
+    if let Some(g) = &group {
+        if u64::from(g.world_size) > shared.info.len {
+            return Err(format!(
+                "group {}: {} ranks cannot split a dataset of {} samples",
+                log_name(&g.name),
+                g.world_size,
+                shared.info.len
+            )
+            .into());
+        }
+    }
     let ticket = match &group {
         Some(g) => {
             // Nothing is to come while it waits: a byte that starts a frame is a leave, and

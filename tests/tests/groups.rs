@@ -238,9 +238,15 @@ fn a_group_missing_a_rank_fails_at_its_deadline_naming_the_rank() {
         let text = error.to_string();
         assert!(text.contains("rank 1 never joined"), "{text}");
     }
-    // A rank out of range and a rank that is already running are refused with reasons.
+    // A rank out of range, and more ranks than samples, are refused at once with reasons.
     let err = Consumer::connect(&socket, config(4, rank("bad", 3, 3, Even::Pad))).unwrap_err();
     assert!(err.to_string().contains("rank 3"), "{err}");
+    let err = Consumer::connect(&socket, config(4, rank("wide", 0, 21, Even::Pad))).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("21 ranks cannot split a dataset of 20 samples"),
+        "{err}"
+    );
     // Two rank 0s at once: whichever comes second is refused while the first waits; the
     // first is welcomed once rank 1 joins.
     std::thread::scope(|s| {
