@@ -46,8 +46,9 @@ def ladle_batches(args, device):
     group = {}
     if args.ddp:
         # Every rank of this job is one member of the group; rank and world size come from
-        # torchrun's RANK and WORLD_SIZE.
-        group = {"group": f"resnet18-{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}"}
+        # torchrun's RANK and WORLD_SIZE. The name must stay the same when the job restarts
+        # from its checkpoint: each rank's share of an epoch is dealt from it.
+        group = {"group": args.group or f"resnet18-lr{args.lr}-b{args.batch_size}"}
     consumer = ladle.Consumer(args.socket, args.batch_size, drop_last=True,
                               name=f"resnet18-lr{args.lr}", **group)
     num_classes = max(len(consumer.class_names), 1)
@@ -104,6 +105,9 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true",
                         help="one rank of a DDP job started by torchrun (gloo on CPU, NCCL on "
                              "GPU); the ranks split each epoch of the feed")
+    parser.add_argument("--group", metavar="NAME",
+                        help="the feed's name for this DDP job (default resnet18-lr<LR>-b<B>); "
+                             "keep it when the job restarts from its checkpoint")
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="save model, optimizer, step and every rank's place in the feed "
                              "here, and continue from it when it exists")
