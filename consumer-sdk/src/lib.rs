@@ -127,6 +127,7 @@ mod consumer;
 mod convert;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod epochs;
 mod error;
 mod fields;
 pub mod plan;

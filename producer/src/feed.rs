@@ -135,63 +135,59 @@ mod tests {
 #[cfg(test)]
 mod model {
     use super::*;
-    use ladle_consumer::plan::{Bitmap, EpochPlan, Even, GroupSpec};
+    use ladle_consumer::epochs::Epochs;
+    use ladle_consumer::plan::{Bitmap, Even, GroupSpec};
     use proptest::prelude::*;
 
-    /// One consumer as the model runs it: its cut point, its current epoch's window and plan.
+    /// One consumer: the SDK's own epoch machine (`ladle_consumer::epochs`), its cut point,
+    /// and where it reads next.
     struct Reader {
+        epochs: Epochs,
         group: Option<GroupSpec>,
         /// Where its current attachment started (its cut point is this mod N).
         start: u64,
-        /// The current epoch's window `[window, window + N)` and number.
-        window: u64,
-        epoch: u64,
-        plan: EpochPlan,
+        /// The first sequence it has not read.
+        next_seq: u64,
         epochs_done: u64,
     }
 
     impl Reader {
-        fn plan(n: u64, group: &Option<GroupSpec>, epoch: u64) -> EpochPlan {
-            match group {
-                None => EpochPlan::whole(n),
-                Some(g) => EpochPlan::for_rank(n, g, epoch).unwrap(),
-            }
-        }
-
         fn join(n: u64, seq: u64, group: Option<GroupSpec>, resume: Option<(u64, Bitmap)>) -> Self {
-            let (epoch, delivered) = resume.unwrap_or((0, Bitmap::new(n)));
-            let mut plan = Self::plan(n, &group, epoch);
-            plan.restore(&delivered).unwrap();
+            let mut epochs = Epochs::new(n, seq, group.clone(), 4, false).unwrap();
+            if let Some((epoch, delivered)) = resume {
+                epochs.load(epoch, &delivered).unwrap();
+            }
+            let begun = epochs.begin().unwrap();
             Self {
-                plan,
+                epochs,
                 group,
                 start: seq,
-                window: seq,
-                epoch,
+                next_seq: begun.start.unwrap(),
                 epochs_done: 0,
             }
         }
 
-        /// Sequence `seq` holding `index` passes: deliver it if wanted; an epoch whose window
-        /// ends must be complete.
-        fn pass(&mut self, n: u64, seq: u64, index: u64) {
-            if seq < self.window {
+        /// Sequence `seq` holding `index` passes: the epoch delivers it if its plan wants
+        /// it; an epoch whose window ends must be complete, and one that completes early (a
+        /// gathered one) hands over to the next, which starts where its window ends.
+        fn pass(&mut self, seq: u64, index: u64) {
+            if seq < self.next_seq {
                 return;
             }
-            self.plan.mark(index);
-            if seq + 1 == self.window + n {
+            self.next_seq = seq + 1;
+            self.epochs.deliver(index);
+            let number = self.epochs.current().unwrap();
+            let end = self.epochs.end(number).unwrap();
+            if self.epochs.is_complete() || seq + 1 == end {
                 assert!(
-                    self.plan.is_complete(),
-                    "epoch {} (window from {}) ended with {} of {} delivered",
-                    self.epoch,
-                    self.window,
-                    self.plan.delivered(),
-                    self.plan.target()
+                    self.epochs.is_complete(),
+                    "epoch {number} (window ending at {end}) ended with {} of {} delivered",
+                    self.epochs.delivered(),
+                    self.epochs.samples()
                 );
-                self.epoch += 1;
                 self.epochs_done += 1;
-                self.window += n;
-                self.plan = Self::plan(n, &self.group, self.epoch);
+                let begun = self.epochs.begin().unwrap();
+                self.next_seq = self.next_seq.max(begun.start.unwrap());
             }
         }
     }
@@ -218,7 +214,7 @@ mod model {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
+        #![proptest_config(ProptestConfig::with_cases(500))]
         #[test]
         fn every_epoch_stays_exact_through_joins_let_gos_kills_and_resumes(
             n in 3u64..60,
@@ -253,13 +249,13 @@ mod model {
                             cuts.add(seq % n);
                             r.start = seq;
                             // The epoch in progress goes on from the rejoin point.
-                            r.window = seq;
+                            r.next_seq = r.epochs.rejoined(seq).unwrap();
                         }
                         Event::KillAndResume { which } if !readers.is_empty() => {
                             let i = which % readers.len();
                             let dead = readers.swap_remove(i);
                             cuts.remove(dead.start % n);
-                            let saved = (dead.epoch, dead.plan.delivered_set().clone());
+                            let saved = dead.epochs.saved();
                             cuts.add(seq % n);
                             readers.push(Reader::join(n, seq, dead.group, Some(saved)));
                         }
@@ -268,7 +264,7 @@ mod model {
                 }
                 let (index, _) = feed.index_of(seq, &cuts);
                 for r in &mut readers {
-                    r.pass(n, seq, index);
+                    r.pass(seq, index);
                 }
             }
             // Every consumer finished at least two epochs after the last event, each exact.

@@ -261,14 +261,20 @@ impl Consumer {
         // A bit per sample for the epoch's record: a length no memory holds is refused, not an
         // abort (it comes from another process).
         let len = welcome.dataset.len;
-        let Ok(plan) = EpochPlan::try_whole(len) else {
-            return Err(ConnectError::DatasetTooLarge { socket, len });
-        };
-        if let Some(group) = &config.group {
-            if let Err(source) = group.validate(len) {
-                return Err(ConnectError::Group { socket, source });
+        let epochs = Epochs::new(
+            len,
+            start_seq,
+            config.group.clone(),
+            config.batch_size,
+            config.drop_last,
+        );
+        let epochs = match epochs {
+            Ok(epochs) => epochs,
+            Err(PlanError::DatasetTooLong { .. } | PlanError::OutOfMemory { .. }) => {
+                return Err(ConnectError::DatasetTooLarge { socket, len });
             }
-        }
+            Err(source) => return Err(ConnectError::Group { socket, source }),
+        };
         Ok(Self {
             socket,
             sock: Mutex::new(sock),
@@ -281,17 +287,10 @@ impl Consumer {
             start_seq,
             state: Mutex::new(State {
                 next_seq: start_seq,
-                next_epoch: 0,
-                current_epoch: None,
                 held: BTreeSet::new(),
                 released: start_seq,
                 fatal: None,
-                base: start_seq,
-                first_epoch: 0,
-                plan,
-                resume: None,
-                epoch_samples: 0,
-                catch_up: false,
+                epochs,
                 generation: 0,
             }),
             catching_up: Mutex::new(()),

@@ -26,10 +26,10 @@ impl Consumer {
         loop {
             let (first, count, generation) = {
                 let mut state = self.state();
-                if state.current_epoch != Some(number) {
+                if state.epochs.current() != Some(number) {
                     return Ok(None); // superseded: the old epoch yields nothing more
                 }
-                if !state.catch_up {
+                if !state.epochs.gathered() {
                     break;
                 }
                 let end = match self.epoch_end(&state, number) {
@@ -38,7 +38,7 @@ impl Consumer {
                 };
                 let first = state.next_seq;
                 if first >= end {
-                    state.catch_up = false;
+                    state.epochs.stop_gathering();
                     break;
                 }
                 let count = (end - first).min(batch_size);
@@ -76,9 +76,9 @@ impl Consumer {
             let mut stop = first + count;
             let before = owned.len();
             for (k, &index) in indices.iter().enumerate() {
-                if state.plan.mark(index) {
+                if state.epochs.deliver(index) {
                     owned.push(first + k as u64, k, &fields, index, flags[k]);
-                    if owned.len() as u64 == batch_size || state.plan.is_complete() {
+                    if owned.len() as u64 == batch_size || state.epochs.is_complete() {
                         stop = first + k as u64 + 1;
                         break;
                     }
@@ -89,7 +89,7 @@ impl Consumer {
                 // Let go while copying (a stall timeout passed since the delivery): the copy
                 // may be torn. Forget it and gather the span again after the rejoin.
                 for &index in &owned.indices[before..] {
-                    state.plan.unmark(index);
+                    state.epochs.undeliver(index);
                 }
                 owned.truncate(before, schema);
                 self.rejoin(&mut state)?;
@@ -98,7 +98,7 @@ impl Consumer {
             // The rest of the span is gathered next time (it stays unreleased).
             state.next_seq = stop;
             self.release_locked(&mut state);
-            if owned.len() as u64 == batch_size || state.plan.is_complete() {
+            if owned.len() as u64 == batch_size || state.epochs.is_complete() {
                 break;
             }
         }

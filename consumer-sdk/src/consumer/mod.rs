@@ -19,9 +19,10 @@ use ladle_ring::{
 };
 
 use crate::config::{self, ConsumerConfig};
+use crate::epochs::{Begun, Epochs, LoadError};
 use crate::error::{ConnectError, ConsumerError, FieldError, ResumeError};
 use crate::fields::{AlignedBytes, Element, FieldView, cast};
-use crate::plan::{Bitmap, EpochPlan, Even, GroupSpec};
+use crate::plan::{GroupSpec, PlanError};
 use crate::position::SavedPosition;
 
 mod batch;
@@ -80,34 +81,14 @@ const _: fn() = || {
 struct State {
     /// The first sequence number not yet handed out (or skipped).
     next_seq: u64,
-    /// The number the next [`Consumer::epoch`] call gives its epoch.
-    next_epoch: u64,
-    /// The epoch whose iterator is current; older iterators yield nothing more.
-    current_epoch: Option<u64>,
     /// `first_seq` of every batch held, including one being waited for.
     held: BTreeSet<u64>,
     /// What the cursor page says was released.
     released: u64,
     /// The final error, once the producer is gone for this consumer.
     fatal: Option<ConsumerError>,
-    /// Where epoch `first_epoch` starts: epoch `k` is `[base + (k − first_epoch)·N, …)`, `N`
-    /// sequences. Moves (by whole epochs or to a rejoin point) only when the consumer
-    /// rejoins after being let go.
-    base: u64,
-    /// The number of the first epoch: 0, or the epoch of a loaded position.
-    first_epoch: u64,
-    /// What the current epoch delivers (every index, or a rank's share) and has delivered
-    /// (a bit per index): what a rejoin needs to finish the epoch exactly, and what a saved
-    /// position records.
-    plan: EpochPlan,
-    /// A loaded position's delivered set, for the first epoch to begin.
-    resume: Option<Bitmap>,
-    /// What the current epoch delivers in all ([`Consumer::epoch_samples`]).
-    epoch_samples: u64,
-    /// The current epoch is gathered: its window of the feed holds every index once, and
-    /// only those its plan still wants are delivered, copied into owned batches (after a
-    /// rejoin, a resume, and always for a rank of a group).
-    catch_up: bool,
+    /// The epochs: windows, plans, rejoins and loaded positions (pure: `crate::epochs`).
+    epochs: Epochs,
     /// Rejoins so far: a batch made before the last one may have been overwritten.
     generation: u64,
 }
@@ -169,43 +150,22 @@ impl Consumer {
     /// Makes epoch `next_epoch` current; returns its number.
     fn begin_epoch(&self) -> u64 {
         let mut state = self.state();
-        let number = state.next_epoch;
-        state.next_epoch = number.saturating_add(1);
-        state.current_epoch = Some(number);
-        let resume = state.resume.take();
-        match &self.config.group {
-            None => state.plan.reset(),
-            Some(group) => match EpochPlan::for_rank(self.dataset.len, group, number) {
-                Ok(plan) => state.plan = plan,
-                Err(source) => {
-                    let error = ConsumerError::Plan {
-                        socket: self.socket.clone(),
-                        source,
-                    };
-                    self.fail(&mut state, error);
-                }
-            },
-        }
-        if let Some(delivered) = resume {
-            // Checked against this plan when the position was loaded.
-            if let Err(source) = state.plan.restore(&delivered) {
+        let begun = match state.epochs.begin() {
+            Ok(begun) => begun,
+            Err(source) => {
                 let error = ConsumerError::Plan {
                     socket: self.socket.clone(),
                     source,
                 };
                 self.fail(&mut state, error);
+                Begun {
+                    number: state.epochs.current().unwrap_or_default(),
+                    start: None,
+                }
             }
-        }
-        state.catch_up = self.config.group.is_some() || state.plan.delivered() > 0;
-        let remaining = state.plan.remaining();
-        let batch = u64::from(self.config.batch_size);
-        state.epoch_samples = if self.config.drop_last {
-            remaining - remaining % batch
-        } else {
-            remaining
         };
-        // An epoch that starts past 2^64 is reported by its first `next`.
-        let begin = self.epoch_start(&state, number).unwrap_or(0);
+        let number = begun.number;
+        let begin = begun.start.unwrap_or(0);
         if state.next_seq < begin {
             state.next_seq = begin;
             self.release_locked(&mut state);
@@ -217,12 +177,12 @@ impl Consumer {
     /// share ([`Consumer::samples_per_epoch`]), or after a loaded position what the saved
     /// epoch had left (less the partial batch under `drop_last`). 0 before the first epoch.
     pub fn epoch_samples(&self) -> u64 {
-        self.state().epoch_samples
+        self.state().epochs.samples()
     }
 
     /// How many epochs were started: the number the next [`Consumer::epoch`] gives its epoch.
     pub fn epoch_number(&self) -> u64 {
-        self.state().next_epoch
+        self.state().epochs.next_number()
     }
 
     /// The dataset the producer serves (its length is this consumer's epoch length).
@@ -243,14 +203,7 @@ impl Consumer {
     /// Samples in a whole epoch of this consumer before batching: `N`, or for a rank of a
     /// group its share, `ceil(N / W)` (`Even::Pad`) or `floor(N / W)` (`Even::Drop`).
     pub fn share_per_epoch(&self) -> u64 {
-        let n = self.dataset.len;
-        match &self.config.group {
-            None => n,
-            Some(g) => match g.even {
-                Even::Pad => n.div_ceil(u64::from(g.world_size.max(1))),
-                Even::Drop => n / u64::from(g.world_size.max(1)),
-            },
-        }
+        self.state().epochs.share()
     }
 
     /// Batches per whole epoch: `ceil(S / B)`, or `floor(S / B)` with `drop_last`, where `S`
@@ -305,21 +258,12 @@ impl Consumer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Where epoch `number` starts: `base + (number − first_epoch)·N`, `None` past sequence
-    /// 2^64.
-    fn epoch_start(&self, state: &State, number: u64) -> Option<u64> {
-        number
-            .checked_sub(state.first_epoch)
-            .and_then(|k| k.checked_mul(self.dataset.len))
-            .and_then(|offset| state.base.checked_add(offset))
-    }
-
     /// Where epoch `number` ends, or the error that it ends past sequence 2^64 (no epoch is
     /// ever cut short silently).
     fn epoch_end(&self, state: &State, number: u64) -> Result<u64, ConsumerError> {
-        number
-            .checked_add(1)
-            .and_then(|next| self.epoch_start(state, next))
+        state
+            .epochs
+            .end(number)
             .ok_or_else(|| ConsumerError::SequenceOverflow {
                 socket: self.socket.clone(),
                 epoch: number,
@@ -331,10 +275,14 @@ impl Consumer {
     /// producer could never write the batch's end).
     fn reserve(&self, number: u64) -> Result<Reserve, ConsumerError> {
         let mut state = self.state();
-        if state.current_epoch == Some(number) && state.plan.is_complete() {
+        if let Some(error @ ConsumerError::Plan { .. }) = &state.fatal {
+            return Err(error.clone());
+        }
+        let current = state.epochs.current() == Some(number);
+        if current && state.epochs.is_complete() {
             return Ok(Reserve::Done);
         }
-        if state.catch_up && state.current_epoch == Some(number) {
+        if current && state.epochs.gathered() {
             return Ok(Reserve::CatchUp);
         }
         let span = match self.next_span(&state, number) {
@@ -367,7 +315,7 @@ impl Consumer {
     /// has no more: read to its end, only a partial batch left under `drop_last`, or
     /// superseded by a newer epoch.
     fn next_span(&self, state: &State, number: u64) -> Result<Option<(u64, u64)>, ConsumerError> {
-        if state.current_epoch != Some(number) {
+        if state.epochs.current() != Some(number) {
             return Ok(None);
         }
         let end = self.epoch_end(state, number)?;
@@ -400,7 +348,7 @@ impl Consumer {
         // for at least its stall timeout; `count <= capacity / 2`.
         let indices = unsafe { self.ring.indices(first, count as usize) };
         for &index in indices {
-            state.plan.mark(index);
+            state.epochs.deliver(index);
         }
         Ok(Delivery::Delivered)
     }
@@ -419,7 +367,7 @@ impl Consumer {
             state.held.remove(&first);
             return Ok(Delivery::Void);
         }
-        if state.current_epoch != Some(number) {
+        if state.epochs.current() != Some(number) {
             // A newer epoch began while this batch was waited for: the old epoch yields
             // nothing more, and its batch must not count in the new epoch's record.
             state.held.remove(&first);
@@ -499,38 +447,25 @@ impl Consumer {
             }
             Err(e) => return Err(self.fail(state, e)),
         };
-        let n = self.dataset.len;
         state.generation += 1;
         state.held.clear();
-        state.next_seq = start;
         state.released = start;
         // The epoch in progress takes the window [start, start + N) when it has seen part of
         // the dataset; otherwise the next epoch to begin starts at `start`.
-        let gathered = self.config.group.is_some();
-        let (number, catch_up) = match state.current_epoch {
-            Some(k) if state.plan.delivered() > 0 && !state.plan.is_complete() => (k, true),
-            Some(k) if state.plan.delivered() == 0 => (k, gathered),
-            _ => (state.next_epoch, gathered),
+        state.next_seq = match state.epochs.rejoined(start) {
+            Ok(next) => next,
+            Err(epoch) => {
+                let error = ConsumerError::SequenceOverflow {
+                    socket: socket(),
+                    epoch,
+                };
+                return Err(self.fail(state, error));
+            }
         };
-        // Epoch `number` starts at `start` (`base = start − number·N`), or at `number·N` when
-        // that lies beyond (the samples between are skipped): N consecutive samples either way.
-        let Some(offset) = number
-            .checked_sub(state.first_epoch)
-            .and_then(|k| k.checked_mul(n))
-        else {
-            let error = ConsumerError::SequenceOverflow {
-                socket: socket(),
-                epoch: number,
-            };
-            return Err(self.fail(state, error));
-        };
-        state.base = start.saturating_sub(offset);
-        state.next_seq = start.max(offset);
-        state.catch_up = catch_up;
         tracing::warn!(
             consumer_id = self.consumer_id,
             start,
-            delivered = state.plan.delivered(),
+            delivered = state.epochs.delivered(),
             "the producer let this consumer go (it held the feed back without taking a batch \
              for the stall timeout); rejoined"
         );

@@ -10,12 +10,7 @@ impl Consumer {
     /// checkpoint.
     pub fn position(&self) -> SavedPosition {
         let state = self.state();
-        let (epoch, delivered) = match (state.current_epoch, &state.resume) {
-            // Loaded and not begun: the loaded position itself.
-            (None, Some(delivered)) => (state.next_epoch, delivered.clone()),
-            (Some(k), _) if !state.plan.is_complete() => (k, state.plan.delivered_set().clone()),
-            _ => (state.next_epoch, Bitmap::new(self.dataset.len)),
-        };
+        let (epoch, delivered) = state.epochs.saved();
         SavedPosition {
             identity: self.identity.clone(),
             epoch,
@@ -51,20 +46,13 @@ impl Consumer {
             });
         }
         let mut state = self.state();
-        if let Some(epoch) = state.current_epoch {
-            return Err(ResumeError::AlreadyStarted { epoch });
-        }
-        // The saved set must fit the saved epoch's plan.
-        let mut plan = match &self.config.group {
-            None => EpochPlan::try_whole(self.dataset.len),
-            Some(group) => EpochPlan::for_rank(self.dataset.len, group, position.epoch),
-        }
-        .map_err(ResumeError::Plan)?;
-        plan.restore(&position.delivered)
-            .map_err(ResumeError::Plan)?;
-        state.next_epoch = position.epoch;
-        state.first_epoch = position.epoch;
-        state.resume = Some(position.delivered.clone());
+        state
+            .epochs
+            .load(position.epoch, &position.delivered)
+            .map_err(|e| match e {
+                LoadError::AlreadyStarted { epoch } => ResumeError::AlreadyStarted { epoch },
+                LoadError::Plan(e) => ResumeError::Plan(e),
+            })?;
         Ok(())
     }
 }
