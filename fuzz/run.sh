@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes ladle-datasets' decoders, dataset readers and transform specs, ladle-ring's schemas and the scheduler's inputs for a bounded time per target.
+# Fuzzes ladle-datasets' decoders, dataset readers and transform specs, ladle-ring's schemas, ladle-consumer's saved positions and the scheduler's inputs for a bounded time per target.
 #
 # Usage: fuzz/run.sh [SECONDS_PER_TARGET]     (default 60; from anywhere in the repository)
 #        FUZZ_TARGETS="decode wds_shard" fuzz/run.sh 300    (a subset of the targets)
@@ -30,7 +30,7 @@ fuzz_dir="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$fuzz_dir")"
 cd "$repo"
 
-targets=(${FUZZ_TARGETS:-decode wds_shard cifar_batch imagefolder scheduler_inputs transform_spec ring_schema})
+targets=(${FUZZ_TARGETS:-decode wds_shard cifar_batch imagefolder scheduler_inputs transform_spec ring_schema saved_position})
 
 if ! cargo fuzz --version > /dev/null 2>&1; then
   echo "== installing cargo-fuzz"

@@ -5,12 +5,13 @@
 //! outside the dataset, or an epoch that ended short), after reporting every epoch; an epoch
 //! cut short by `--seconds` is incomplete, not inexact.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use ladle_consumer::prelude::*;
+use ladle_consumer::{Even, GroupSpec, SavedPosition};
 
 use crate::records::{ConsumeSummary, EpochRecord, Record};
 
@@ -53,6 +54,42 @@ pub(crate) struct ConsumeArgs {
     /// batch.
     #[arg(long)]
     check_held: bool,
+    /// Read as one rank of a group (a DDP job): the group's ranks split each epoch, each
+    /// getting the same number of samples; `ladle consume` returns once all have joined.
+    #[arg(long, value_name = "NAME", requires_all = ["rank", "world_size"])]
+    group: Option<String>,
+    /// This consumer's rank in --group, 0..W.
+    #[arg(long, value_name = "R", requires = "group")]
+    rank: Option<u32>,
+    /// Ranks in --group.
+    #[arg(long, value_name = "W", requires = "group")]
+    world_size: Option<u32>,
+    /// How a group evens out N samples over W ranks: `pad` gives each ceil(N/W), repeating
+    /// the epoch's first samples (torch's DistributedSampler), `drop` gives each floor(N/W).
+    #[arg(long, value_name = "HOW", default_value = "pad", requires = "group")]
+    even: Even,
+    /// Seconds a rank waits for the others of its group before it gives up, naming them.
+    #[arg(long, value_name = "S", default_value_t = 600.0, requires = "group")]
+    group_timeout: f64,
+    /// Continue from a position saved with --save-position: the epoch in progress delivers
+    /// exactly the samples it had not delivered.
+    #[arg(long, value_name = "FILE")]
+    resume: Option<PathBuf>,
+    /// Save this consumer's position to FILE after every batch (written to a temporary file
+    /// and renamed over FILE, so a killed process leaves the last whole one).
+    #[arg(long, value_name = "FILE")]
+    save_position: Option<PathBuf>,
+}
+
+/// Writes `position` to `path` atomically: a temporary file beside it, renamed over it.
+fn save_position(consumer: &Consumer, path: &Path) -> anyhow::Result<()> {
+    let bytes = consumer.position().encode();
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 /// A digest of a batch's fields and indices.
@@ -127,6 +164,16 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.name = name;
     }
+    if let (Some(name), Some(rank), Some(world_size)) = (args.group, args.rank, args.world_size) {
+        config.group = Some(GroupSpec {
+            name,
+            rank,
+            world_size,
+            even: args.even,
+        });
+        config.group_timeout = Duration::try_from_secs_f64(args.group_timeout)
+            .context("--group-timeout must be a non-negative number of seconds")?;
+    }
     // Connection errors name the socket and say what to check. Without --socket, the run's
     // environment names it (`ladle sweep` sets LADLE_SOCKET and LADLE_RUN).
     let consumer = match &args.socket {
@@ -139,6 +186,14 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             other => other.into(),
         })?,
     };
+    if let Some(path) = &args.resume {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let position =
+            SavedPosition::decode(&bytes).with_context(|| format!("reading {}", path.display()))?;
+        consumer
+            .load_position(&position)
+            .with_context(|| format!("resuming from {}", path.display()))?;
+    }
     let dataset = consumer.dataset();
     if !args.json {
         eprintln!(
@@ -153,7 +208,6 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         );
     }
     let step = Duration::from_millis(args.step_ms);
-    let expected = consumer.samples_per_epoch();
     let started = Instant::now();
     let mut total_samples = 0u64;
     let mut total_bad = 0u64;
@@ -177,6 +231,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         }
         let epoch = consumer.epoch();
         let number = epoch.number();
+        let expected = consumer.epoch_samples();
         let epoch_started = Instant::now();
         let mut coverage = Coverage::new(dataset.len)?;
         let mut batches = 0u64;
@@ -195,6 +250,9 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             // milliseconds) past the stall timeout may find its slots overwritten after the
             // let-go (`is_intact` then says so). The SDK marks them seen at the same moment.
             coverage.add(batch.indices());
+            if let Some(path) = &args.save_position {
+                save_position(&consumer, path)?;
+            }
             let received = if args.check_held { digest(&batch) } else { 0 };
             bad += batch.bad_count() as u64;
             batches += 1;

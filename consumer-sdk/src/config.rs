@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::ConnectError;
+use crate::plan::GroupSpec;
 
 /// The environment variable that holds a feed's control socket: `ladle sweep` sets it for
 /// every run (as does the scheduler for a job of a feed).
@@ -23,6 +24,9 @@ pub const RUN_ENV: &str = "LADLE_RUN";
 /// [`connect_timeout`](ConsumerConfig::connect_timeout); unset, empty or not a number of
 /// seconds (a warning says so), a missing socket stays an immediate error.
 pub const CONNECT_TIMEOUT_ENV: &str = "LADLE_CONNECT_TIMEOUT";
+
+/// The default [`ConsumerConfig::group_timeout`].
+pub const DEFAULT_GROUP_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How a consumer reads: its batch size, whether it drops the partial last batch, and how
 /// many batches it may hold at once. `Default` gives batches of 32, the partial batch kept,
@@ -54,6 +58,16 @@ pub struct ConsumerConfig {
     /// [`CONNECT_TIMEOUT_ENV`], else zero: a missing socket is an immediate error). A socket
     /// that exists with no producer behind it is always an immediate error.
     pub connect_timeout: Duration,
+    /// The DDP job this consumer is one rank of (default: none, whole epochs). The ranks
+    /// of a group split each epoch: every rank gets the same number of samples, disjoint
+    /// apart from [`Even::Pad`](crate::plan::Even)'s repeats, together the whole epoch
+    /// (`crate::plan`). [`Consumer::connect`](crate::Consumer::connect) returns once every
+    /// rank has joined.
+    pub group: Option<GroupSpec>,
+    /// How long a rank of a group waits at connect for the others (default 10 minutes, at
+    /// most an hour): then [`ConnectError::GroupIncomplete`](crate::ConnectError) names the
+    /// missing ranks.
+    pub group_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -65,6 +79,8 @@ impl Default for ConsumerConfig {
             max_batches_held: 8,
             handshake_timeout: Duration::from_secs(10),
             connect_timeout: connect_timeout(std::env::var_os(CONNECT_TIMEOUT_ENV).as_deref()),
+            group: None,
+            group_timeout: DEFAULT_GROUP_TIMEOUT,
         }
     }
 }

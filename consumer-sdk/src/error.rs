@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::plan::PlanError;
+use crate::position::PositionError;
 use ladle_ring::{LayoutError, ProtocolError, ShmError};
 
 /// [`Consumer::connect`](crate::Consumer::connect) or
@@ -86,6 +88,30 @@ pub enum ConnectError {
         socket: PathBuf,
         /// The producer's reason.
         reason: String,
+    },
+    /// This consumer's group did not become whole in time: the ranks named never joined.
+    #[error("{}: group {group:?}: rank{} {} never joined within {waited:?} (world size {world_size}); start every rank with the same group name and world size", socket.display(), if missing.len() == 1 { "" } else { "s" }, list(missing))]
+    GroupIncomplete {
+        /// The control socket.
+        socket: PathBuf,
+        /// The group's name.
+        group: String,
+        /// Ranks that never said `Hello`.
+        missing: Vec<u32>,
+        /// Ranks in the group.
+        world_size: u32,
+        /// How long this rank waited.
+        waited: Duration,
+    },
+    /// The group settings cannot work: a rank outside `0..world_size`, or a dataset with
+    /// fewer samples than ranks.
+    #[error("{}: {source}", socket.display())]
+    Group {
+        /// The control socket.
+        socket: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: PlanError,
     },
     /// The producer speaks another protocol version.
     #[error("{}: protocol version mismatch: this consumer speaks {ours}, the producer {theirs}", socket.display())]
@@ -204,6 +230,28 @@ pub enum ConnectError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConsumerError {
+    /// Another rank of this consumer's group left or died: the group's split of the epoch is
+    /// no longer whole, so this rank stops too (restart the job, from its checkpoints).
+    #[error("{}: group {group:?} is broken: rank {rank} went ({reason})", socket.display())]
+    GroupBroken {
+        /// The control socket.
+        socket: PathBuf,
+        /// The group's name.
+        group: String,
+        /// The rank that went.
+        rank: u32,
+        /// Why, as the producer saw it.
+        reason: String,
+    },
+    /// The epoch's plan could not be made (its bits could not be had).
+    #[error("{}: cannot plan the epoch: {source}", socket.display())]
+    Plan {
+        /// The control socket.
+        socket: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: PlanError,
+    },
     /// The producer closed the control socket (it exited, crashed or was killed) and the ring
     /// holds no more of this consumer's samples.
     #[error("{}: the producer is gone (control socket closed)", socket.display())]
@@ -294,4 +342,47 @@ pub enum FieldError {
         /// The dtype asked for.
         asked: ladle_ring::DType,
     },
+}
+
+/// A saved position cannot be loaded into this consumer
+/// ([`Consumer::load_position`](crate::Consumer::load_position)); the consumer is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResumeError {
+    /// The position was saved against another feed (or is not a position at all).
+    #[error(transparent)]
+    Position(#[from] PositionError),
+    /// The position is of another group, rank, world size or evening than this consumer's
+    /// configuration (or of a group where this consumer has none, or the reverse).
+    #[error("the position was saved by {saved}, this consumer is {configured}")]
+    OtherGroup {
+        /// The position's group, in words.
+        saved: String,
+        /// This consumer's, in words.
+        configured: String,
+    },
+    /// An epoch has begun: a position is loaded before the first.
+    #[error(
+        "a position is loaded before the first epoch begins; this consumer has begun epoch {epoch}"
+    )]
+    AlreadyStarted {
+        /// The epoch begun.
+        epoch: u64,
+    },
+    /// The position's delivered set does not fit the epoch's plan (an index this rank's
+    /// share does not hold).
+    #[error("the position does not fit its epoch: {0}")]
+    Plan(#[source] PlanError),
+}
+
+/// `[1, 2, 5]` as `1, 2 and 5`.
+fn list(ranks: &[u32]) -> String {
+    match ranks {
+        [] => "none".into(),
+        [one] => one.to_string(),
+        [rest @ .., last] => {
+            let rest: Vec<String> = rest.iter().map(u32::to_string).collect();
+            format!("{} and {last}", rest.join(", "))
+        }
+    }
 }

@@ -127,20 +127,25 @@ mod consumer;
 mod convert;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod epochs;
 mod error;
 mod fields;
+pub mod plan;
+pub mod position;
 
-pub use config::{CONNECT_TIMEOUT_ENV, ConsumerConfig, RUN_ENV, SOCKET_ENV};
+pub use config::{CONNECT_TIMEOUT_ENV, ConsumerConfig, DEFAULT_GROUP_TIMEOUT, RUN_ENV, SOCKET_ENV};
 pub use consumer::{
     Batch, BatchOf, Consumer, Epoch, EpochOf, MAX_DATASET_LEN, SharedBatch, SharedEpoch,
 };
 pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
-pub use error::{ConnectError, ConsumerError, FieldError};
+pub use error::{ConnectError, ConsumerError, FieldError, ResumeError};
 pub use fields::{Element, FieldView};
 pub use ladle_ring::PROTOCOL_VERSION;
 pub use ladle_ring::RingLayout;
-pub use ladle_ring::protocol::DatasetInfo;
+pub use ladle_ring::protocol::{DatasetInfo, FeedIdentity};
 pub use ladle_ring::{DType, Field, Schema, schema};
+pub use plan::{Even, GroupSpec};
+pub use position::SavedPosition;
 
 /// The types a training loop needs: `use ladle_consumer::prelude::*;`.
 pub mod prelude {

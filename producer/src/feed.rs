@@ -127,3 +127,150 @@ mod tests {
         assert_eq!(cuts.offsets().count(), 0);
     }
 }
+
+/// The feed and the consumers' epoch plans together, as a model without processes: any
+/// interleaving of joins, let-gos with rejoins, kills and resumes from saved positions keeps
+/// every epoch of every consumer exact (a whole consumer's epoch: each index once; a rank's:
+/// exactly its share).
+#[cfg(test)]
+mod model {
+    use super::*;
+    use ladle_consumer::epochs::Epochs;
+    use ladle_consumer::plan::{Bitmap, Even, GroupSpec};
+    use proptest::prelude::*;
+
+    /// One consumer: the SDK's own epoch machine (`ladle_consumer::epochs`), its cut point,
+    /// and where it reads next.
+    struct Reader {
+        epochs: Epochs,
+        group: Option<GroupSpec>,
+        /// Where its current attachment started (its cut point is this mod N).
+        start: u64,
+        /// The first sequence it has not read.
+        next_seq: u64,
+        epochs_done: u64,
+    }
+
+    impl Reader {
+        fn join(n: u64, seq: u64, group: Option<GroupSpec>, resume: Option<(u64, Bitmap)>) -> Self {
+            let mut epochs = Epochs::new(n, seq, group.clone(), 4, false).unwrap();
+            if let Some((epoch, delivered)) = resume {
+                epochs.load(epoch, &delivered).unwrap();
+            }
+            let begun = epochs.begin().unwrap();
+            Self {
+                epochs,
+                group,
+                start: seq,
+                next_seq: begun.start.unwrap(),
+                epochs_done: 0,
+            }
+        }
+
+        /// Sequence `seq` holding `index` passes: the epoch delivers it if its plan wants
+        /// it; an epoch whose window ends must be complete, and one that completes early (a
+        /// gathered one) hands over to the next, which starts where its window ends.
+        fn pass(&mut self, seq: u64, index: u64) {
+            if seq < self.next_seq {
+                return;
+            }
+            self.next_seq = seq + 1;
+            self.epochs.deliver(index);
+            let number = self.epochs.current().unwrap();
+            let end = self.epochs.end(number).unwrap();
+            if self.epochs.is_complete() || seq + 1 == end {
+                assert!(
+                    self.epochs.is_complete(),
+                    "epoch {number} (window ending at {end}) ended with {} of {} delivered",
+                    self.epochs.delivered(),
+                    self.epochs.samples()
+                );
+                self.epochs_done += 1;
+                let begun = self.epochs.begin().unwrap();
+                self.next_seq = self.next_seq.max(begun.start.unwrap());
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// A consumer joins: whole, or rank `rank` of a group of `world`.
+        Join { rank: Option<(u32, u32)> },
+        /// Consumer `which` is let go and rejoins at the producer's next sequence: its epoch
+        /// goes on in the window from there.
+        LetGoAndRejoin { which: usize },
+        /// Consumer `which` dies; one that saved its position resumes it at the next sequence.
+        KillAndResume { which: usize },
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            prop::option::of((0u32..3, 1u32..4)).prop_map(|rank| Event::Join {
+                rank: rank.map(|(r, w)| (r % w, w))
+            }),
+            (0usize..8).prop_map(|which| Event::LetGoAndRejoin { which }),
+            (0usize..8).prop_map(|which| Event::KillAndResume { which }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+        #[test]
+        fn every_epoch_stays_exact_through_joins_let_gos_kills_and_resumes(
+            n in 3u64..60,
+            seed in any::<u64>(),
+            events in prop::collection::vec((0u64..150, event()), 1..12),
+            even_drop in any::<bool>(),
+        ) {
+            let mut feed = Feed::new(n, seed);
+            let mut cuts = CutPoints::default();
+            let mut readers: Vec<Reader> = Vec::new();
+            let mut events = events;
+            events.sort_by_key(|(at, _)| *at);
+            let end = events.last().map_or(0, |(at, _)| *at) + 4 * n;
+            let even = if even_drop { Even::Drop } else { Even::Pad };
+            let mut next_event = events.into_iter().peekable();
+            for seq in 0..end {
+                // Events take effect before sequence `seq` is produced.
+                while next_event.peek().is_some_and(|(at, _)| *at <= seq) {
+                    let (_, e) = next_event.next().unwrap();
+                    match e {
+                        Event::Join { rank } => {
+                            let group = rank.filter(|&(_, w)| u64::from(w) <= n).map(|(rank, world_size)| GroupSpec {
+                                name: "job".into(), rank, world_size, even,
+                            });
+                            cuts.add(seq % n);
+                            readers.push(Reader::join(n, seq, group, None));
+                        }
+                        Event::LetGoAndRejoin { which } if !readers.is_empty() => {
+                            let len = readers.len();
+                            let r = &mut readers[which % len];
+                            cuts.remove(r.start % n);
+                            cuts.add(seq % n);
+                            r.start = seq;
+                            // The epoch in progress goes on from the rejoin point.
+                            r.next_seq = r.epochs.rejoined(seq).unwrap();
+                        }
+                        Event::KillAndResume { which } if !readers.is_empty() => {
+                            let i = which % readers.len();
+                            let dead = readers.swap_remove(i);
+                            cuts.remove(dead.start % n);
+                            let saved = dead.epochs.saved();
+                            cuts.add(seq % n);
+                            readers.push(Reader::join(n, seq, dead.group, Some(saved)));
+                        }
+                        _ => {}
+                    }
+                }
+                let (index, _) = feed.index_of(seq, &cuts);
+                for r in &mut readers {
+                    r.pass(seq, index);
+                }
+            }
+            // Every consumer finished at least two epochs after the last event, each exact.
+            for r in &readers {
+                prop_assert!(r.epochs_done >= 2, "a consumer finished {} epochs", r.epochs_done);
+            }
+        }
+    }
+}

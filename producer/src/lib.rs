@@ -58,6 +58,7 @@
 //! are logged quoted and escaped.
 
 mod feed;
+mod groups;
 pub mod server;
 pub mod workers;
 
@@ -73,7 +74,7 @@ use ladle_datasets::pipeline::{
 };
 use ladle_datasets::transforms::Transforms;
 use ladle_datasets::{BadSamplePolicy, Dataset, PipelineError, SampleError};
-use ladle_ring::protocol::{ConsumerInfo, DatasetInfo, FeedStats, ServerMessage};
+use ladle_ring::protocol::{ConsumerInfo, DatasetInfo, FeedIdentity, FeedStats, ServerMessage};
 use ladle_ring::{
     CursorPage, Gate, LayoutError, ProducerRing, Readers, RingLayout, Schema, ShmError, WriteLoan,
 };
@@ -279,6 +280,8 @@ pub(crate) struct State {
     pub(crate) cuts: CutPoints,
     pub(crate) members: Vec<Member>,
     pub(crate) next_id: u64,
+    /// Consumer groups: ranks waiting for the others, and the ranks running.
+    pub(crate) groups: groups::Groups,
     /// Whether some member has a watch (so that a loan, once per sample, need not look).
     watching: bool,
 }
@@ -289,6 +292,8 @@ pub(crate) struct Shared {
     pub(crate) ring: ProducerRing,
     source: Source,
     pub(crate) info: DatasetInfo,
+    /// What a consumer's saved position is checked against.
+    pub(crate) identity: FeedIdentity,
     pub(crate) state: Mutex<State>,
     /// Signalled when a consumer joins or leaves.
     pub(crate) changed: Condvar,
@@ -320,17 +325,23 @@ impl Shared {
     /// Drops consumer `id` (it left or died); its cut point dissolves.
     pub(crate) fn remove(&self, id: u64, why: &str) {
         let mut state = self.lock();
-        if let Some(m) = self.forget(&mut state, id) {
+        if let Some(m) = self.forget(&mut state, id, why) {
             tracing::info!(consumer = m.id, name = %m.name, "consumer left ({why})");
         }
         drop(state);
         self.changed.notify_all();
     }
 
-    /// Takes consumer `id` out of every record: members, readers, cut points.
-    fn forget(&self, state: &mut State, id: u64) -> Option<Member> {
+    /// Takes consumer `id` out of every record: members, readers, cut points, its group
+    /// (whose other ranks are told it broke, and why: `why`).
+    fn forget(&self, state: &mut State, id: u64, why: &str) -> Option<Member> {
         let at = state.members.iter().position(|m| m.id == id)?;
         let m = state.members.swap_remove(at);
+        if let Some((group, (others, rank))) = state.groups.gone(id) {
+            if !others.is_empty() {
+                self.tell_broken(state, &group, &others, rank, why);
+            }
+        }
         self.leaves.fetch_add(1, Ordering::Relaxed);
         state.readers.detach(id);
         if m.attached {
@@ -338,6 +349,33 @@ impl Shared {
             self.count_consumed(&m);
         }
         Some(m)
+    }
+
+    /// Tells the consumers `others` of group `group` that rank `rank` went (`why`): their
+    /// group cannot go on. They stay attached until they leave.
+    pub(crate) fn tell_broken(
+        &self,
+        state: &State,
+        group: &str,
+        others: &[u64],
+        rank: u32,
+        why: &str,
+    ) {
+        tracing::warn!(
+            group,
+            rank,
+            "a rank of a consumer group went ({why}); the group is broken"
+        );
+        let message = ServerMessage::GroupBroken {
+            rank,
+            reason: why.to_owned(),
+        };
+        for m in state.members.iter().filter(|m| others.contains(&m.id)) {
+            // The write timeout set at admission bounds a stalled peer.
+            if let Err(e) = ladle_ring::protocol::send(&m.socket, &message, &[]) {
+                tracing::debug!(consumer = m.id, "cannot tell it that its group broke: {e}");
+            }
+        }
     }
 
     /// Adds what `m` released since it was (last) attached to the consumed total.
@@ -349,7 +387,7 @@ impl Shared {
     /// Detaches consumer `id` for good (it broke the protocol): tells it why and closes its
     /// connection; nobody else is affected.
     pub(crate) fn detach(&self, state: &mut State, id: u64, reason: &str) {
-        if let Some(m) = self.forget(state, id) {
+        if let Some(m) = self.forget(state, id, reason) {
             tracing::warn!(consumer = m.id, name = %m.name, "consumer detached: {reason}");
             let reason = reason.to_owned();
             let _ = ladle_ring::protocol::send(&m.socket, &ServerMessage::Detached { reason }, &[]);
@@ -628,6 +666,17 @@ impl Producer {
             },
             Source::Custom(custom) => custom.info(),
         };
+        let identity = FeedIdentity {
+            source: info.source.clone(),
+            len: info.len,
+            classes: FeedIdentity::hash_classes(&info.class_names),
+            seed: config.seed,
+            transform: match &source {
+                Source::Images(_) => config.augment.to_string(),
+                Source::Custom(_) => String::new(),
+            },
+            schema: layout.schema.to_string(),
+        };
         let listener = server::bind(&config.socket)?;
         tracing::info!(
             "serving {} samples of {} on {} (ring: {} samples of {}, {} MiB, {} threads)",
@@ -647,11 +696,13 @@ impl Producer {
             ring,
             source,
             info,
+            identity,
             state: Mutex::new(State {
                 readers,
                 cuts: CutPoints::default(),
                 members: Vec::new(),
                 next_id: 0,
+                groups: groups::Groups::default(),
                 watching: false,
             }),
             changed: Condvar::new(),

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ladle_ring::protocol::{self, ClientMessage, Hello, PROTOCOL_VERSION, ServerMessage, Welcome};
+use ladle_ring::protocol::{
+    self, ClientMessage, GroupHello, Hello, PROTOCOL_VERSION, ServerMessage, Welcome,
+};
 use ladle_ring::{CursorPage, ProtocolError, sys};
 
 use crate::{Member, ProducerError, Shared};
@@ -25,6 +27,12 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Characters of a consumer's name kept for logs.
 pub const MAX_NAME: usize = 128;
+
+/// The longest a rank waits for the rest of its group, whatever it asks for.
+pub const MAX_GROUP_WAIT: Duration = Duration::from_secs(3600);
+
+/// How often a waiting rank looks at its connection and the stop flag.
+const GROUP_POLL: Duration = Duration::from_millis(100);
 
 /// How often the accept loop looks at the stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
@@ -142,7 +150,11 @@ fn handle(conn: &UnixStream, shared: &Shared) {
     };
     let why = loop {
         match protocol::recv::<ClientMessage>(conn) {
-            Ok((ClientMessage::Leave, _)) => break "left".to_owned(),
+            Ok((ClientMessage::Leave, _)) => {
+                // Done, not broken: the other ranks of its group are not told.
+                shared.lock().groups.left(id);
+                break "left".to_owned();
+            }
             Ok((ClientMessage::Rejoin, _)) => {
                 if let Err(reason) = rejoin(shared, id) {
                     shared.detach(&mut shared.lock(), id, &reason);
@@ -221,6 +233,7 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         batch_size,
         name,
         pid,
+        group,
         ..
     } = hello;
     let name = log_name(&name);
@@ -241,6 +254,29 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     }
     let socket = conn.try_clone().map_err(|e| e.to_string())?;
     let page = Arc::new(CursorPage::create(0).map_err(|e| e.to_string())?);
+    if let Some(g) = &group {
+        if u64::from(g.world_size) > shared.info.len {
+            return Err(format!(
+                "group {}: {} ranks cannot split a dataset of {} samples",
+                log_name(&g.name),
+                g.world_size,
+                shared.info.len
+            )
+            .into());
+        }
+    }
+    let ticket = match &group {
+        Some(g) => {
+            // Nothing is to come while it waits: a byte that starts a frame is a leave, and
+            // the rest of that frame gets a second, not for ever.
+            conn.set_read_timeout(Some(Duration::from_secs(1)))
+                .map_err(|e| e.to_string())?;
+            let ticket = wait_for_group(conn, shared, g, &name)?;
+            conn.set_read_timeout(None).map_err(|e| e.to_string())?;
+            Some(ticket)
+        }
+        None => None,
+    };
     let mut state = shared.lock();
     let id = state.next_id;
     state.next_id += 1;
@@ -254,6 +290,7 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         layout: layout.clone(),
         dataset: shared.info.clone(),
         start_seq: start,
+        identity: shared.identity.clone(),
     };
     let sent = match page.fd() {
         Some(cursor_fd) => protocol::send(
@@ -266,6 +303,11 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     };
     if let Err(e) = sent {
         state.readers.detach(id);
+        if let (Some(g), Some(ticket)) = (&group, ticket) {
+            if let Some((others, rank)) = state.groups.not_welcomed(&g.name, ticket, g.rank) {
+                shared.tell_broken(&state, &g.name, &others, rank, "its Welcome failed");
+            }
+        }
         return Err(e.into());
     }
     state.cuts.add(start % shared.info.len);
@@ -278,10 +320,98 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         socket,
         (pid, batch_size),
     ));
+    if let (Some(g), Some(ticket)) = (&group, ticket) {
+        tracing::info!(consumer = id, group = %log_name(&g.name), rank = g.rank, world_size = g.world_size, "a rank of a group joined");
+        if !state.groups.running(&g.name, ticket, g.rank, id) {
+            let broken = ServerMessage::GroupBroken {
+                rank: g.rank,
+                reason: "another rank could not be welcomed".into(),
+            };
+            let _ = protocol::send(conn, &broken, &[]);
+        }
+    }
     shared.joins.fetch_add(1, Ordering::Relaxed);
     drop(state);
     shared.changed.notify_all();
     Ok(id)
+}
+
+/// Holds a rank's `Welcome` until every rank of its group has said `Hello`: tells it
+/// `GroupWaiting` (again whenever the list of ranks changes), and at its deadline (its
+/// `timeout_ms`, at most [`MAX_GROUP_WAIT`]) answers `GroupIncomplete` naming the missing
+/// ranks. A rank whose connection closes while it waits stops counting. Returns its ticket
+/// once the group is whole.
+fn wait_for_group(
+    conn: &UnixStream,
+    shared: &Shared,
+    g: &GroupHello,
+    who: &str,
+) -> Result<crate::groups::Ticket, Refusal> {
+    use crate::groups::{Arrival, Standing};
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(g.timeout_ms).min(MAX_GROUP_WAIT);
+    let group = log_name(&g.name);
+    let arrival = shared.lock().groups.arrive(&g.name, g.rank, g.world_size)?;
+    shared.changed.notify_all();
+    let ticket = match arrival {
+        Arrival::Whole(ticket) => {
+            tracing::info!(%group, who, rank = g.rank, "the group is whole");
+            return Ok(ticket);
+        }
+        Arrival::Waiting(ticket, joined) => {
+            tracing::info!(%group, who, rank = g.rank, ?joined, world_size = g.world_size, "a rank waits for its group");
+            ticket
+        }
+    };
+    let give_up = |refusal: Refusal| {
+        let missing = shared.lock().groups.give_up(&g.name, ticket);
+        shared.changed.notify_all();
+        (missing, refusal)
+    };
+    let mut told = None;
+    loop {
+        let standing = shared.lock().groups.standing(&g.name, ticket);
+        match standing {
+            Standing::Released => return Ok(ticket),
+            Standing::Unknown => {
+                return Err(format!("group {group} broke while it was starting").into());
+            }
+            Standing::Waiting { joined, version } if told != Some(version) => {
+                told = Some(version);
+                let waiting = ServerMessage::GroupWaiting {
+                    joined,
+                    world_size: g.world_size,
+                };
+                if protocol::send(conn, &waiting, &[]).is_err() {
+                    return Err(give_up(Refusal::Gone).1);
+                }
+            }
+            Standing::Waiting { .. } => {}
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return Err(give_up("the producer is stopping".into()).1);
+        }
+        if Instant::now() >= deadline {
+            let (missing, _) = give_up(Refusal::Answered);
+            tracing::warn!(%group, who, rank = g.rank, ?missing, "a rank gave up waiting for its group");
+            let incomplete = ServerMessage::GroupIncomplete {
+                missing,
+                waited_s: started.elapsed().as_secs_f64(),
+            };
+            let _ = protocol::send(conn, &incomplete, &[]);
+            return Err(Refusal::Answered);
+        }
+        match protocol::poll::<ClientMessage>(conn) {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => {
+                tracing::info!(%group, who, rank = g.rank, "a rank left while waiting for its group");
+                return Err(give_up(Refusal::Gone).1);
+            }
+        }
+        let state = shared.lock();
+        let wait = GROUP_POLL.min(deadline.saturating_duration_since(Instant::now()));
+        drop(shared.changed.wait_timeout(state, wait));
+    }
 }
 
 /// Attaches a consumer that was let go again, at the producer's next sequence, and tells it

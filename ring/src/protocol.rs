@@ -32,6 +32,20 @@
 //! Version 5: a consumer's cursor page keeps the count of its threads that sleep on the head
 //! and the target of the last to register in one word (`wake_core`), so that the producer
 //! never pairs a count with another moment's target (a lost wake-up, found by loom).
+//!
+//! Version 6: consumer groups and resumable positions. A `Hello` may name a [`GroupHello`]
+//! (the ranks of one DDP job): the producer answers `GroupWaiting` while ranks are missing,
+//! holds the `Welcome` of every rank until all `world_size` have said `Hello`, or answers
+//! `GroupIncomplete` naming the missing ranks at the group's deadline; once the group runs, a
+//! rank that leaves or dies gives every other rank `GroupBroken`. `Welcome` carries the
+//! feed's [`FeedIdentity`], which a saved consumer position is checked against.
+//!
+//! ```text
+//!   Hello{…, group: {name, rank, world_size, timeout_ms}} ─►
+//!                                 ◄─ GroupWaiting{joined, world_size}   (while ranks miss)
+//!                                 ◄─ Welcome{…} | GroupIncomplete{missing}
+//!                                 ◄─ GroupBroken{rank, reason}          (any time after)
+//! ```
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -44,7 +58,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -62,6 +76,71 @@ pub struct Hello {
     pub name: String,
     /// The consumer's process id, for logs.
     pub pid: u32,
+    /// The DDP job this consumer is one rank of, if any.
+    pub group: Option<GroupHello>,
+}
+
+/// A consumer's place in a group: one rank of a DDP job. The group's ranks split each epoch
+/// among themselves (the split is the consumers' business); the producer only holds their
+/// `Welcome`s until all have joined and tells the others when one goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupHello {
+    /// The group's name, unique among the feed's live groups (e.g. the job's name).
+    pub name: String,
+    /// This consumer's rank, `0..world_size`.
+    pub rank: u32,
+    /// Ranks in the group.
+    pub world_size: u32,
+    /// How long this rank waits, from its `Hello`, for the others to join (milliseconds).
+    pub timeout_ms: u64,
+}
+
+/// What makes a feed the same feed for a saved position: the same dataset (its source,
+/// length and class names), seed, transform and sample schema. A position saved against one
+/// feed continues exactly on a feed of equal identity (a restarted producer included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedIdentity {
+    /// Where the producer reads from (a path, or a custom source's name).
+    pub source: String,
+    /// Samples per epoch.
+    pub len: u64,
+    /// A hash (FNV-1a, hex) of the class names in order.
+    pub classes: String,
+    /// Seed of the permutations and augmentation.
+    pub seed: u64,
+    /// The transform pipeline, as `ladle serve --transform` spells it (empty for a custom
+    /// source, whose transform is the user's code).
+    pub transform: String,
+    /// The sample schema, as its `Display` shows it.
+    pub schema: String,
+}
+
+impl FeedIdentity {
+    /// The first field in which `self` (saved) and `feed` (now served) differ, as
+    /// `(name, saved, served)`; `None` when they are the same feed.
+    pub fn difference(&self, feed: &FeedIdentity) -> Option<(&'static str, String, String)> {
+        let pairs = [
+            ("source", self.source.clone(), feed.source.clone()),
+            ("length", self.len.to_string(), feed.len.to_string()),
+            ("class names", self.classes.clone(), feed.classes.clone()),
+            ("seed", self.seed.to_string(), feed.seed.to_string()),
+            ("transform", self.transform.clone(), feed.transform.clone()),
+            ("schema", self.schema.clone(), feed.schema.clone()),
+        ];
+        pairs.into_iter().find(|(_, a, b)| a != b)
+    }
+
+    /// FNV-1a (64-bit) of the class names, each followed by a NUL, as 16 hex digits.
+    pub fn hash_classes(names: &[String]) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for name in names {
+            for &b in name.as_bytes().iter().chain(&[0u8]) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        format!("{h:016x}")
+    }
 }
 
 /// What the producer tells a consumer about the dataset.
@@ -88,6 +167,8 @@ pub struct Welcome {
     pub dataset: DatasetInfo,
     /// The consumer's first sample: its epochs are `[start + k·N, start + (k+1)·N)`.
     pub start_seq: u64,
+    /// What a saved position is checked against.
+    pub identity: FeedIdentity,
 }
 
 /// Consumer → producer.
@@ -133,6 +214,29 @@ pub enum ServerMessage {
     },
     /// Answer to [`ClientMessage::Stats`].
     Stats(FeedStats),
+    /// The consumer's group is not complete yet: its `Welcome` waits for the missing ranks.
+    /// Sent after its `Hello` and again each time another rank joins.
+    GroupWaiting {
+        /// The ranks that have said `Hello`, sorted.
+        joined: Vec<u32>,
+        /// Ranks in the group.
+        world_size: u32,
+    },
+    /// The group's deadline passed with ranks missing; the producer closes the connection.
+    GroupIncomplete {
+        /// The ranks that never said `Hello`, sorted.
+        missing: Vec<u32>,
+        /// Seconds this rank waited.
+        waited_s: f64,
+    },
+    /// Another rank of this consumer's group left or died: the group cannot go on (its
+    /// split of the epoch is no longer whole). The consumer stays attached until it leaves.
+    GroupBroken {
+        /// The rank that went.
+        rank: u32,
+        /// Why, as the producer saw it.
+        reason: String,
+    },
 }
 
 /// How a feed is doing, at one instant: counters since the producer started, and each
@@ -364,6 +468,7 @@ mod tests {
             drop_last: false,
             name: "t".into(),
             pid: 1,
+            group: None,
         })
     }
 

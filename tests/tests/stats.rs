@@ -122,6 +122,7 @@ fn a_joined_consumer_that_asks_for_stats_is_let_go_of_and_the_feed_goes_on() {
         drop_last: false,
         name: "nosy".into(),
         pid: std::process::id(),
+        group: None,
     });
     protocol::send(&conn, &hello, &[]).unwrap();
     let (welcome, _fds) = protocol::recv::<ServerMessage>(&conn).unwrap();
@@ -155,6 +156,7 @@ fn stats_of_many_consumers_with_the_longest_hostile_names_still_come_back_in_one
             drop_last: false,
             name: name.clone(),
             pid: std::process::id(),
+            group: None,
         });
         protocol::send(&conn, &hello, &[]).unwrap();
         let (welcome, _fds) = protocol::recv::<ServerMessage>(&conn).unwrap();

@@ -143,6 +143,7 @@ fn raw_consumer(
         drop_last: false,
         name: "hostile\nINFO forged log line".into(),
         pid: std::process::id(),
+        group: None,
     });
     protocol::send(&sock, &hello, &[]).unwrap();
     let (message, mut fds) = protocol::recv::<ServerMessage>(&sock).unwrap();
@@ -476,6 +477,7 @@ fn a_consumer_of_the_previous_protocol_version_is_refused_with_both_versions_nam
         drop_last: false,
         name: "old".into(),
         pid: std::process::id(),
+        group: None,
     });
     protocol::send(&old, &hello, &[]).unwrap();
     old.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

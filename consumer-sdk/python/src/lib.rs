@@ -17,9 +17,13 @@
 //!   without a copy, through the buffer protocol (`numpy.asarray`) and DLPack
 //!   (`torch.from_dlpack`, `numpy.from_dlpack`). The samples are released to the producer when
 //!   the batch and every view, array and tensor made from it are gone.
-//! - Waiting for data releases the GIL, in slices of 100 ms between which Ctrl-C is honoured.
+//! - A consumer with `group=` is one rank of a DDP job; `state_dict()` / `load_state_dict()`
+//!   save and resume its position: the `state` module converts those arguments and dicts.
+//! - Connecting (for a rank of a group, waiting for the other ranks) and waiting for data
+//!   release the GIL, in slices of 100 ms between which Ctrl-C is honoured.
 //! - Errors become the exception classes of `ladle` (`LadleError` and its subclasses), or
-//!   `ValueError` for bad arguments, in one place: `connect_error` and `consumer_error`.
+//!   `ValueError` for bad arguments, in one place each: `connect_error` and `consumer_error`
+//!   here, `state::resume_error` for a position that cannot be loaded.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::path::PathBuf;
@@ -37,8 +41,10 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyException, PyKeyError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 mod producer;
+mod state;
 
 create_exception!(
     ladle,
@@ -75,6 +81,20 @@ create_exception!(
 );
 create_exception!(
     ladle,
+    GroupIncomplete,
+    ConnectError,
+    "A rank of a group gave up waiting for the others (group_timeout): the message names the \
+     ranks that never joined."
+);
+create_exception!(
+    ladle,
+    GroupBroken,
+    LadleError,
+    "Another rank of this consumer's group left or died, so this rank stops too: restart the \
+     whole job from its checkpoints (state_dict)."
+);
+create_exception!(
+    ladle,
     TooManyBatchesHeld,
     LadleError,
     "More batches are held at once than max_batches_held allows (or than the ring holds): \
@@ -89,7 +109,9 @@ fn connect_error(error: RustConnectError) -> PyErr {
     match error {
         RustConnectError::ZeroBatchSize { .. }
         | RustConnectError::ZeroMaxBatchesHeld { .. }
-        | RustConnectError::BatchTooLarge { .. } => PyValueError::new_err(error.to_string()),
+        | RustConnectError::BatchTooLarge { .. }
+        | RustConnectError::Group { .. } => PyValueError::new_err(error.to_string()),
+        RustConnectError::GroupIncomplete { .. } => GroupIncomplete::new_err(error.to_string()),
         other => ConnectError::new_err(other.to_string()),
     }
 }
@@ -102,6 +124,7 @@ fn consumer_error(error: ConsumerError) -> PyErr {
         ConsumerError::ProducerEnded { .. } => ProducerEnded::new_err(message),
         ConsumerError::Detached { .. } => Detached::new_err(message),
         ConsumerError::TooManyBatchesHeld { .. } => TooManyBatchesHeld::new_err(message),
+        ConsumerError::GroupBroken { .. } => GroupBroken::new_err(message),
         _ => LadleError::new_err(message),
     }
 }
@@ -109,6 +132,9 @@ fn consumer_error(error: ConsumerError) -> PyErr {
 /// A connection to a `ladle serve` producer. `for batch in consumer:` reads one epoch; the
 /// next `for` reads the next one. Without a socket it joins the feed named by
 /// `$LADLE_SOCKET` (set by `ladle sweep` for every run); the name defaults to `$LADLE_RUN`.
+/// With `group` it is rank `rank` of the `world_size` ranks of a DDP job (default: `$RANK`,
+/// `$WORLD_SIZE`) and reads its share of each epoch, as `DistributedSampler` deals it;
+/// connecting waits for every rank. `state=` resumes from a `state_dict()`.
 #[pyclass(name = "Consumer", module = "ladle", frozen)]
 struct PyConsumer {
     inner: Arc<Consumer>,
@@ -117,7 +143,12 @@ struct PyConsumer {
 #[pymethods]
 impl PyConsumer {
     #[new]
-    #[pyo3(signature = (socket = None, batch_size = 32, drop_last = false, *, max_batches_held = 8, name = None, timeout = 10.0))]
+    #[pyo3(signature = (
+        socket = None, batch_size = 32, drop_last = false, *, max_batches_held = 8, name = None,
+        timeout = 10.0, group = None, rank = None, world_size = None, even = "pad",
+        group_timeout = 600.0, state = None,
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         socket: Option<PathBuf>,
@@ -126,6 +157,12 @@ impl PyConsumer {
         max_batches_held: i64,
         name: Option<String>,
         timeout: f64,
+        group: Option<String>,
+        rank: Option<i64>,
+        world_size: Option<i64>,
+        even: &str,
+        group_timeout: f64,
+        state: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let batch_size = u32::try_from(batch_size)
             .ok()
@@ -141,32 +178,52 @@ impl PyConsumer {
                     "max_batches_held must be positive, got {max_batches_held}"
                 ))
             })?;
-        if !(timeout.is_finite() && timeout > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, got {timeout}"
-            )));
-        }
+        let seconds = |arg: &str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(Duration::from_secs_f64(value.min(1e9)))
+            } else {
+                Err(PyValueError::new_err(format!(
+                    "{arg} must be a positive number of seconds, got {value}"
+                )))
+            }
+        };
         let mut config = ConsumerConfig {
             batch_size,
             drop_last,
             max_batches_held,
-            handshake_timeout: Duration::from_secs_f64(timeout.min(1e9)),
+            handshake_timeout: seconds("timeout", timeout)?,
+            group: state::group_spec(group, rank, world_size, even)?,
+            group_timeout: seconds("group_timeout", group_timeout)?,
             ..ConsumerConfig::default()
         };
         if let Some(name) = name {
             config.name = name;
         }
-        // No socket: the run's environment names it (`ladle sweep` sets LADLE_SOCKET); unset
-        // is a ConnectError naming the variable.
-        let consumer = py
-            .detach(|| match socket {
-                Some(socket) => Consumer::connect(socket, config),
-                None => Consumer::connect_from_env(config),
-            })
-            .map_err(connect_error)?;
+        // A state that is no position fails here, before this rank keeps the others waiting.
+        let position = state.as_ref().map(state::position_of).transpose()?;
+        let consumer = state::connect(py, socket, config)?;
+        if let Some(position) = position {
+            state::load(py, &consumer, &position)?;
+        }
         Ok(Self {
             inner: Arc::new(consumer),
         })
+    }
+
+    /// Where this consumer stands, to resume from after a restart: a plain dict to save with
+    /// the checkpoint. Only its "ladle_position" bytes are read back; "epoch", "delivered",
+    /// "group", "rank", "world_size" and "version" are for people reading checkpoints.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        state::state_dict(py, &self.inner)
+    }
+
+    /// Resumes from `state_dict()`'s dict (or its "ladle_position" bytes) before the first
+    /// epoch begins: that epoch delivers exactly the samples it had not, then whole epochs
+    /// follow. ValueError for a corrupt state or one of another feed, group or rank;
+    /// RuntimeError once an epoch has begun.
+    fn load_state_dict(&self, py: Python<'_>, state: Bound<'_, PyAny>) -> PyResult<()> {
+        let position = state::position_of(&state)?;
+        state::load(py, &self.inner, &position)
     }
 
     /// Starts the next epoch (abandoning an unfinished one) and returns its iterator.
@@ -176,7 +233,8 @@ impl PyConsumer {
         }
     }
 
-    /// Batches per epoch: ceil(N / batch_size), or floor with drop_last.
+    /// Batches per whole epoch: ceil(S / batch_size), or floor with drop_last, where S is N,
+    /// or a rank's share of N (a resumed epoch has fewer).
     fn __len__(&self) -> usize {
         usize::try_from(self.inner.batches_per_epoch()).unwrap_or(usize::MAX)
     }
@@ -247,6 +305,34 @@ impl PyConsumer {
             .collect()
     }
 
+    /// The DDP job this consumer is a rank of; None for a consumer of whole epochs.
+    #[getter]
+    fn group(&self) -> Option<&str> {
+        self.inner.config().group.as_ref().map(|g| g.name.as_str())
+    }
+
+    /// This consumer's rank in its group; None without a group.
+    #[getter]
+    fn rank(&self) -> Option<u32> {
+        self.inner.config().group.as_ref().map(|g| g.rank)
+    }
+
+    /// Ranks in this consumer's group; None without a group.
+    #[getter]
+    fn world_size(&self) -> Option<u32> {
+        self.inner.config().group.as_ref().map(|g| g.world_size)
+    }
+
+    /// "pad" or "drop": how the group evens out its shares; None without a group.
+    #[getter]
+    fn even(&self) -> Option<String> {
+        self.inner
+            .config()
+            .group
+            .as_ref()
+            .map(|g| g.even.to_string())
+    }
+
     #[getter]
     fn consumer_id(&self) -> u64 {
         self.inner.consumer_id()
@@ -282,9 +368,18 @@ impl PyConsumer {
     }
 
     fn __repr__(&self) -> String {
+        let group = (self.inner.config().group.as_ref()).map_or_else(String::new, |g| {
+            format!(
+                ", group={:?}, rank={}, world_size={}, even={:?}",
+                g.name,
+                g.rank,
+                g.world_size,
+                g.even.to_string()
+            )
+        });
         format!(
             "ladle.Consumer(socket={:?}, batch_size={}, drop_last={}, dataset_len={}, \
-             schema={:?}, consumer_id={})",
+             schema={:?}, consumer_id={}{group})",
             self.inner.socket(),
             self.inner.config().batch_size,
             self.inner.config().drop_last,
@@ -792,6 +887,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ProducerEnded", py.get_type::<ProducerEnded>())?;
     m.add("Detached", py.get_type::<Detached>())?;
     m.add("TooManyBatchesHeld", py.get_type::<TooManyBatchesHeld>())?;
+    m.add("GroupIncomplete", py.get_type::<GroupIncomplete>())?;
+    m.add("GroupBroken", py.get_type::<GroupBroken>())?;
     m.add("PROTOCOL_VERSION", ladle_consumer::PROTOCOL_VERSION)?;
     Ok(())
 }

@@ -73,6 +73,8 @@ def _welcome(version: int) -> bytes:
             "layout": LAYOUT,
             "dataset": {"len": 10, "class_names": [], "source": "hostile"},
             "start_seq": 0,
+            "identity": {"source": "hostile", "len": 10, "classes": "cbf29ce484222325",
+                         "seed": 0, "transform": "", "schema": "x: i64"},
         }
     ).encode()
     return struct.pack("<I", len(body)) + body

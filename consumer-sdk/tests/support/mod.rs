@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ladle_ring::protocol::{
-    self, ClientMessage, DatasetInfo, PROTOCOL_VERSION, ServerMessage, Welcome,
+    self, ClientMessage, DatasetInfo, FeedIdentity, PROTOCOL_VERSION, ServerMessage, Welcome,
 };
 use ladle_ring::{CursorPage, Gate, ProducerRing, RingLayout};
 
@@ -387,6 +387,14 @@ fn welcome(ring: &ProducerRing, len: u64, start_seq: u64) -> Welcome {
             source: "test".into(),
         },
         start_seq,
+        identity: FeedIdentity {
+            source: "test".into(),
+            len,
+            classes: FeedIdentity::hash_classes(&["a".into(), "b".into()]),
+            seed: 0,
+            transform: String::new(),
+            schema: ring.layout().schema.to_string(),
+        },
     }
 }
 

@@ -22,6 +22,20 @@ feed's ``batch.images`` ([B, H, W, 3] uint8) and ``batch.labels`` ([B] int64) ar
 ``image`` and ``label`` fields. All are read-only views of the shared ring:
 ``numpy.asarray(batch["wave"])`` and ``torch.from_dlpack(batch.images)`` copy nothing.
 
+**DDP.** ``ladle.Consumer(sock, 128, group="job")`` in each rank of a torchrun job (rank
+and world size from ``$RANK`` and ``$WORLD_SIZE``) reads that rank's share of each epoch, as
+``DistributedSampler`` would deal it: every rank the same number of samples, together the
+whole epoch. A rank that dies stops the others with :class:`GroupBroken`.
+
+**Checkpoints.** ``consumer.state_dict()`` is a plain dict to save beside the model's;
+``ladle.Consumer(sock, 128, state=saved)`` (or ``load_state_dict``) resumes exactly: the
+interrupted epoch delivers just the samples it had not, then whole epochs follow. It is
+checked against the feed (dataset, seed, transform) and the group and rank::
+
+    consumer = ladle.Consumer(sock, 128, group="job", state=ckpt.get("data"))
+    ...
+    torch.save({"model": model.state_dict(), "data": consumer.state_dict()}, path)
+
 To serve a dataset of your own from Python (your ``torch.utils.data.Dataset``, audio,
 tabular rows), see :func:`serve` and :class:`Producer`, or ``python -m ladle serve``.
 
@@ -42,6 +56,8 @@ from ._native import (
     Consumer,
     Detached,
     Epoch,
+    GroupBroken,
+    GroupIncomplete,
     LadleError,
     ProducerEnded,
     ProducerGone,
@@ -64,6 +80,8 @@ __all__ = [
     "Consumer",
     "Detached",
     "Epoch",
+    "GroupBroken",
+    "GroupIncomplete",
     "LadleError",
     "ProducerEnded",
     "Producer",

@@ -1,7 +1,7 @@
 """Type stubs for ``ladle._native``, the PyO3 module inside the ``ladle`` package."""
 
 from os import PathLike
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence, TypedDict
 
 import torch
 
@@ -13,6 +13,14 @@ class LadleError(Exception):
 class ConnectError(LadleError):
     """No producer could be joined; the message names the socket (or ``LADLE_SOCKET``, when
     no socket was given and it is unset)."""
+
+class GroupIncomplete(ConnectError):
+    """A rank of a group gave up waiting for the others (``group_timeout``); the message
+    names the ranks that never joined."""
+
+class GroupBroken(LadleError):
+    """Another rank of this consumer's group left or died: restart the whole job from its
+    checkpoints (``state_dict``)."""
 
 class ProducerGone(LadleError):
     """The producer exited or was killed."""
@@ -107,12 +115,40 @@ class Epoch(Iterator[Batch]):
     def __iter__(self) -> Epoch: ...
     def __next__(self) -> Batch: ...
 
+class _ConsumerState(TypedDict):
+    """What :meth:`Consumer.state_dict` returns. Only ``ladle_position`` is read back by
+    :meth:`Consumer.load_state_dict`; the other keys are for people reading checkpoints."""
+
+    ladle_position: bytes
+    """The encoded position: the feed's identity, the epoch and the indices it delivered."""
+    version: int
+    """1: the layout of this dict."""
+    epoch: int
+    """The epoch a resume continues."""
+    delivered: int
+    """Samples of that epoch delivered already (of this rank's share, for a rank)."""
+    group: str | None
+    rank: int | None
+    world_size: int | None
+
 class Consumer:
     """A connection to a ``ladle serve`` producer; ``for batch in consumer`` reads one epoch.
 
     ``socket=None`` joins the feed named by ``$LADLE_SOCKET`` (``ladle sweep`` sets it for
     every run) and raises :class:`ConnectError` naming the variable when it is unset or
     empty. ``name=None`` means ``$LADLE_RUN`` when set, else ``consumer-<pid>``.
+
+    ``group="job"`` makes the consumer rank ``rank`` of the ``world_size`` ranks of a DDP
+    job (both default to ``$RANK`` and ``$WORLD_SIZE``, which torchrun sets): each epoch it
+    reads its share, as ``DistributedSampler(shuffle=True)`` deals it, in copied batches.
+    With ``even="pad"`` every rank gets ``ceil(N / world_size)`` samples, together the whole
+    epoch plus a few repeats; with ``even="drop"`` ``floor(N / world_size)``, disjoint.
+    Connecting returns once every rank has joined (the GIL is released, Ctrl-C honoured), or
+    raises :class:`GroupIncomplete` naming the missing ranks after ``group_timeout``
+    seconds. If a rank dies, the others raise :class:`GroupBroken` at their next batch.
+
+    ``state=consumer.state_dict()`` (of an earlier process) resumes where that consumer
+    stood, as :meth:`load_state_dict` does, right after connecting.
     """
 
     def __init__(
@@ -124,9 +160,27 @@ class Consumer:
         max_batches_held: int = 8,
         name: str | None = None,
         timeout: float = 10.0,
+        group: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: Literal["pad", "drop"] = "pad",
+        group_timeout: float = 600.0,
+        state: _ConsumerState | bytes | bytearray | None = None,
     ) -> None: ...
     def __iter__(self) -> Epoch: ...
-    def __len__(self) -> int: ...
+    def __len__(self) -> int:
+        """Batches per whole epoch: ceil(S / batch_size) (floor with drop_last), S the
+        dataset's length or a rank's share of it. A resumed epoch has fewer."""
+    def state_dict(self) -> _ConsumerState:
+        """Where this consumer stands, to resume after a restart: the epoch in progress and
+        the indices it delivered (every batch handed out), or the next epoch when the current
+        one is complete. A plain dict: pickle it or ``torch.save`` it with the checkpoint."""
+    def load_state_dict(self, state: _ConsumerState | bytes | bytearray) -> None:
+        """Resumes from a :meth:`state_dict` (the dict or its ``ladle_position`` bytes): the
+        next epoch is the saved one and delivers exactly the samples it had not delivered
+        (of this rank's share), then whole epochs follow. Only before the first epoch begins
+        (else RuntimeError); a corrupt state, or one of another feed (dataset, seed,
+        transform, ...), group or rank raises ValueError naming the difference."""
     @property
     def epoch(self) -> int: ...
     @property
@@ -153,6 +207,15 @@ class Consumer:
     @property
     def fields(self) -> list[tuple[str, str, list[int]]]:
         """``[(name, numpy dtype name, shape per sample), ...]``."""
+    @property
+    def group(self) -> str | None:
+        """The DDP job this consumer is a rank of; None for a consumer of whole epochs."""
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def world_size(self) -> int | None: ...
+    @property
+    def even(self) -> Literal["pad", "drop"] | None: ...
     @property
     def consumer_id(self) -> int: ...
     @property

@@ -1,0 +1,257 @@
+//! Groups and saved positions, as Python sees them.
+//!
+//! - `ladle.Consumer(group=..., rank=..., world_size=..., even=...)` makes the consumer one
+//!   rank of a DDP job ([`GroupSpec`]): [`group_spec`] checks the arguments and, as torchrun
+//!   sets them, takes a missing rank and world size from `$RANK` and `$WORLD_SIZE`.
+//! - `consumer.state_dict()` and `consumer.load_state_dict(state)` follow torchdata's
+//!   `StatefulDataLoader`: the state is a plain dict (picklable, `torch.save`-able) whose
+//!   `"ladle_position"` holds [`SavedPosition::encode`]'s bytes, the only key read back; the
+//!   others ([`state_dict`] lists them) are for people reading checkpoints.
+//!
+//! Nothing is decided here: positions are `ladle_consumer::position`'s, the split of an
+//! epoch is `ladle_consumer::plan`'s. This module converts arguments, dicts and errors.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+
+use ladle_consumer::plan::PlanError;
+use ladle_consumer::position::PositionError;
+use ladle_consumer::{Consumer, ConsumerConfig, Even, GroupSpec, ResumeError, SavedPosition};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
+
+/// The environment variable torchrun sets to a process's rank.
+pub(crate) const RANK_ENV: &str = "RANK";
+/// The environment variable torchrun sets to the number of ranks.
+pub(crate) const WORLD_SIZE_ENV: &str = "WORLD_SIZE";
+
+/// The key of a state dict that holds the encoded position.
+pub(crate) const POSITION_KEY: &str = "ladle_position";
+
+/// The version of the state dict's layout (its keys), not of the position's bytes (those
+/// carry their own).
+pub(crate) const STATE_VERSION: u32 = 1;
+
+/// The consumer's group from the constructor's arguments: `None` without `group`; with it,
+/// `rank` and `world_size` default to `$RANK` and `$WORLD_SIZE`. Bad or missing values are a
+/// `ValueError` naming the argument or the variable.
+pub(crate) fn group_spec(
+    group: Option<String>,
+    rank: Option<i64>,
+    world_size: Option<i64>,
+    even: &str,
+) -> PyResult<Option<GroupSpec>> {
+    let even: Even = even
+        .parse()
+        .map_err(|e: PlanError| PyValueError::new_err(format!("even: {e}")))?;
+    let Some(name) = group else {
+        if rank.is_some() || world_size.is_some() {
+            return Err(PyValueError::new_err(
+                "rank and world_size are given with group (the DDP job's name, the same on \
+                 every rank); without group the consumer reads whole epochs",
+            ));
+        }
+        return Ok(None);
+    };
+    if name.is_empty() {
+        return Err(PyValueError::new_err(
+            "group must be a name (the DDP job's, the same on every rank), not empty",
+        ));
+    }
+    let rank = number("rank", rank, RANK_ENV)?;
+    let world_size = number("world_size", world_size, WORLD_SIZE_ENV)?;
+    let (Some(rank), Some(world_size)) = (rank, world_size) else {
+        let missing: Vec<String> = [
+            (rank.is_none(), "rank", RANK_ENV),
+            (world_size.is_none(), "world_size", WORLD_SIZE_ENV),
+        ]
+        .iter()
+        .filter(|(missing, ..)| *missing)
+        .map(|(_, arg, var)| format!("{arg}= (or ${var})"))
+        .collect();
+        return Err(PyValueError::new_err(format!(
+            "group {name:?}: {} neither given nor in the environment; pass {}, or start the \
+             ranks with torchrun, which sets {RANK_ENV} and {WORLD_SIZE_ENV}",
+            missing.join(" and "),
+            if missing.len() == 1 { "it" } else { "them" },
+        )));
+    };
+    if world_size == 0 {
+        return Err(PyValueError::new_err(format!(
+            "group {name:?}: world_size must be at least 1, got 0"
+        )));
+    }
+    if rank >= world_size {
+        return Err(PyValueError::new_err(format!(
+            "group {name:?}: rank {rank} is out of range for world_size {world_size} (ranks \
+             are 0..{world_size})"
+        )));
+    }
+    Ok(Some(GroupSpec {
+        name,
+        rank,
+        world_size,
+        even,
+    }))
+}
+
+/// `arg`'s value, else `$var`'s, as a `u32`; `None` when neither is there.
+fn number(arg: &str, given: Option<i64>, var: &str) -> PyResult<Option<u32>> {
+    if let Some(value) = given {
+        return u32::try_from(value).map(Some).map_err(|_| {
+            PyValueError::new_err(format!("{arg} must be a non-negative int, got {value}"))
+        });
+    }
+    let Some(text) = std::env::var_os(var) else {
+        return Ok(None);
+    };
+    let text = text.to_string_lossy();
+    text.trim().parse().map(Some).map_err(|_| {
+        PyValueError::new_err(format!(
+            "${var} is {text:?}, not a non-negative int (pass {arg}= instead)"
+        ))
+    })
+}
+
+/// Connects without the GIL (a rank of a group waits for all the others, up to
+/// `group_timeout`), on a thread of its own so that Ctrl-C is honoured every
+/// [`WAIT_SLICE`](crate::WAIT_SLICE). A consumer connected after an interrupt is dropped: it
+/// leaves the producer (and breaks its group, whose job is going away).
+pub(crate) fn connect(
+    py: Python<'_>,
+    socket: Option<PathBuf>,
+    config: ConsumerConfig,
+) -> PyResult<Consumer> {
+    // No socket: the run's environment names it (`ladle sweep` sets LADLE_SOCKET); unset is a
+    // ConnectError naming the variable.
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("ladle-connect".into())
+        .spawn(move || {
+            let connected = match socket {
+                Some(socket) => Consumer::connect(socket, config),
+                None => Consumer::connect_from_env(config),
+            };
+            // After an interrupt nobody receives: the consumer is dropped with the error.
+            let _ = tx.send(connected);
+        })
+        .map_err(|e| {
+            crate::LadleError::new_err(format!("cannot start the connecting thread: {e}"))
+        })?;
+    let mut rx = rx;
+    loop {
+        // The receiver goes into the GIL-free closure and comes back (it is not `Sync`).
+        let (received, back) = py.detach(move || (rx.recv_timeout(crate::WAIT_SLICE), rx));
+        rx = back;
+        match received {
+            Ok(connected) => return connected.map_err(crate::connect_error),
+            Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(crate::LadleError::new_err("the connecting thread panicked"));
+            }
+        }
+    }
+}
+
+/// `consumer.state_dict()`: where the consumer stands (see [`Consumer::position`]) as a plain
+/// dict:
+///
+/// | key                | value                                                  |
+/// |--------------------|--------------------------------------------------------|
+/// | `"ladle_position"` | `bytes`: [`SavedPosition::encode`], all that is loaded  |
+/// | `"version"`        | 1, this dict's layout                                  |
+/// | `"epoch"`          | the epoch to resume                                    |
+/// | `"delivered"`      | samples of it delivered already                        |
+/// | `"group"`, `"rank"`, `"world_size"` | the group's, or `None`                |
+pub(crate) fn state_dict<'py>(
+    py: Python<'py>,
+    consumer: &Consumer,
+) -> PyResult<Bound<'py, PyDict>> {
+    // The consumer's lock may be held by a thread waiting for data: wait without the GIL.
+    let (position, bytes) = py.detach(|| {
+        let position = consumer.position();
+        let bytes = position.encode();
+        (position, bytes)
+    });
+    let group = position.group.as_ref();
+    let state = PyDict::new(py);
+    state.set_item(POSITION_KEY, PyBytes::new(py, &bytes))?;
+    state.set_item("version", STATE_VERSION)?;
+    state.set_item("epoch", position.epoch)?;
+    state.set_item("delivered", position.delivered.count())?;
+    state.set_item("group", group.map(|g| g.name.as_str()))?;
+    state.set_item("rank", group.map(|g| g.rank))?;
+    state.set_item("world_size", group.map(|g| g.world_size))?;
+    Ok(state)
+}
+
+/// The position in a state from `state_dict()` (the dict, or its `"ladle_position"` bytes),
+/// decoded: a `ValueError` when it is none, a `TypeError` for another type.
+pub(crate) fn position_of(state: &Bound<'_, PyAny>) -> PyResult<SavedPosition> {
+    let bytes = encoded(state)?;
+    SavedPosition::decode(&bytes).map_err(position_error)
+}
+
+/// The encoded position in `state`, copied (a `bytearray` may change under us).
+fn encoded(state: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(bytes) = state.cast::<PyBytes>() {
+        return Ok(bytes.as_bytes().to_vec());
+    }
+    if let Ok(bytes) = state.cast::<PyByteArray>() {
+        return Ok(bytes.to_vec());
+    }
+    if let Ok(dict) = state.cast::<PyDict>() {
+        let Some(value) = dict.get_item(POSITION_KEY)? else {
+            let keys: Vec<String> = (dict.keys().iter())
+                .map(|k| k.repr().map_or_else(|_| "?".into(), |r| r.to_string()))
+                .collect();
+            return Err(PyValueError::new_err(format!(
+                "not a ladle consumer state: no {POSITION_KEY:?} key (its keys: {}); pass \
+                 what consumer.state_dict() returned",
+                keys.join(", ")
+            )));
+        };
+        if value.cast::<PyDict>().is_ok() {
+            return Err(PyTypeError::new_err(format!(
+                "state[{POSITION_KEY:?}] must be bytes, got a dict"
+            )));
+        }
+        return encoded(&value);
+    }
+    Err(PyTypeError::new_err(format!(
+        "a consumer state is the dict consumer.state_dict() returned (or its \
+         {POSITION_KEY:?} bytes), not {}",
+        state.get_type().name()?
+    )))
+}
+
+/// `consumer.load_state_dict(...)`: loads `position` into `consumer` (which must not have
+/// begun an epoch), or the Python exception for why not.
+pub(crate) fn load(py: Python<'_>, consumer: &Consumer, position: &SavedPosition) -> PyResult<()> {
+    // A rank's check shuffles the epoch's indices (milliseconds for ImageNet): without the GIL.
+    py.detach(|| consumer.load_position(position))
+        .map_err(resume_error)
+}
+
+/// The Python exception for a position that cannot be loaded: `RuntimeError` once an epoch
+/// has begun, `MemoryError` when its bits cannot be had, else `ValueError` (corrupt, another
+/// feed, another group or rank). The message is the Rust error's.
+fn resume_error(error: ResumeError) -> PyErr {
+    match error {
+        ResumeError::Position(error) => position_error(error),
+        ResumeError::AlreadyStarted { .. } => PyRuntimeError::new_err(error.to_string()),
+        ResumeError::Plan(PlanError::OutOfMemory { .. }) => {
+            PyMemoryError::new_err(error.to_string())
+        }
+        _ => PyValueError::new_err(error.to_string()),
+    }
+}
+
+/// The Python exception for bytes that are not a position of this feed.
+fn position_error(error: PositionError) -> PyErr {
+    match error {
+        PositionError::OutOfMemory { .. } => PyMemoryError::new_err(error.to_string()),
+        _ => PyValueError::new_err(error.to_string()),
+    }
+}

@@ -1,0 +1,375 @@
+//! A consumer's epochs as a pure state machine: which window of the feed each epoch covers,
+//! what it delivers, and what a rejoin or a loaded position changes. No sockets, no ring, no
+//! threads: the consumer (`consumer/`) feeds it events (an epoch begins, an index is
+//! delivered, the producer let it go and attached it again at a sequence, a position is
+//! loaded) and acts on its decisions (where to read, whether to gather, when the epoch is
+//! over). `producer`'s feed model test drives this same machine with the real feed's
+//! permutations through random joins, let-gos, kills and resumes.
+//!
+//! The one rule behind it: every window of `N` consecutive sequences that starts at one of
+//! the consumer's cut points holds every dataset index once (the feed keeps it so). So an
+//! epoch is a window plus an [`EpochPlan`] (what it wants, what it delivered): read the
+//! window, deliver what the plan still wants, and the epoch is exact. A late joiner, a
+//! rejoin after a let-go, a resumed position and a rank of a group differ only in their plan
+//! and in where their window starts.
+//!
+//! Made with the pacing issue's decode lanes in mind: a consumer moved to another stream of
+//! the same feed is a consumer attached again at a new sequence, which is what
+//! [`Epochs::rejoined`] already handles (the epoch in progress goes on in the new window).
+
+use crate::plan::{Bitmap, EpochPlan, GroupSpec, PlanError};
+
+/// The epochs of one consumer of a feed of `N` samples.
+#[derive(Debug, Clone)]
+pub struct Epochs {
+    n: u64,
+    group: Option<GroupSpec>,
+    batch: u64,
+    drop_last: bool,
+    /// Where epoch `first_epoch` starts: epoch `k` is `[base + (k − first_epoch)·N, …)`, `N`
+    /// sequences. Moves only on a rejoin.
+    base: u64,
+    /// The number of the first epoch: 0, or the epoch of a loaded position.
+    first_epoch: u64,
+    /// The number the next epoch to begin gets.
+    next_epoch: u64,
+    /// The epoch begun last; older epochs yield nothing more.
+    current: Option<u64>,
+    /// What the current epoch wants and has delivered.
+    plan: EpochPlan,
+    /// A loaded position's delivered set, for the next epoch to begin.
+    resume: Option<Bitmap>,
+    /// What the current epoch delivers in all, fixed when it began.
+    samples: u64,
+    /// The current epoch is gathered: only what its plan still wants is delivered, copied
+    /// out of its window (after a rejoin mid-epoch, a resume, and always for a rank).
+    gathered: bool,
+}
+
+/// An epoch that began: its number and the first sequence of its window (`None`: past
+/// sequence 2^64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Begun {
+    /// The epoch's number.
+    pub number: u64,
+    /// Where its window starts.
+    pub start: Option<u64>,
+}
+
+/// A position cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// An epoch has begun already.
+    #[error("epoch {epoch} has begun")]
+    AlreadyStarted {
+        /// The epoch begun.
+        epoch: u64,
+    },
+    /// The delivered set does not fit the saved epoch's plan.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+impl Epochs {
+    /// A consumer attached at sequence `start`, reading batches of `batch` (`drop_last`: the
+    /// partial last batch is skipped), whole epochs or as `group`'s rank. Refuses a group
+    /// that cannot split `n` samples, and a length whose bits cannot be had.
+    pub fn new(
+        n: u64,
+        start: u64,
+        group: Option<GroupSpec>,
+        batch: u32,
+        drop_last: bool,
+    ) -> Result<Self, PlanError> {
+        if let Some(group) = &group {
+            group.validate(n)?;
+        }
+        Ok(Self {
+            n,
+            group,
+            batch: u64::from(batch.max(1)),
+            drop_last,
+            base: start,
+            first_epoch: 0,
+            next_epoch: 0,
+            current: None,
+            plan: EpochPlan::try_whole(n)?,
+            resume: None,
+            samples: 0,
+            gathered: false,
+        })
+    }
+
+    /// Begins the next epoch: its plan (a rank's share is dealt anew each epoch; a loaded
+    /// position's delivered set is restored), whether it is gathered, what it delivers in
+    /// all. Fails when a rank's plan cannot be had (memory); the epoch is current anyway.
+    pub fn begin(&mut self) -> Result<Begun, PlanError> {
+        let number = self.next_epoch;
+        self.next_epoch = number.saturating_add(1);
+        self.current = Some(number);
+        let resume = self.resume.take();
+        match &self.group {
+            None => self.plan.reset(),
+            Some(group) => self.plan = EpochPlan::for_rank(self.n, group, number)?,
+        }
+        if let Some(delivered) = resume {
+            self.plan.restore(&delivered)?;
+        }
+        self.gathered = self.group.is_some() || self.plan.delivered() > 0;
+        let remaining = self.plan.remaining();
+        self.samples = if self.drop_last {
+            remaining - remaining % self.batch
+        } else {
+            remaining
+        };
+        Ok(Begun {
+            number,
+            start: self.start(number),
+        })
+    }
+
+    /// The epoch begun last.
+    pub fn current(&self) -> Option<u64> {
+        self.current
+    }
+
+    /// The number the next epoch to begin gets.
+    pub fn next_number(&self) -> u64 {
+        self.next_epoch
+    }
+
+    /// Where epoch `number`'s window starts, `None` before the first epoch or past 2^64.
+    pub fn start(&self, number: u64) -> Option<u64> {
+        number
+            .checked_sub(self.first_epoch)
+            .and_then(|k| k.checked_mul(self.n))
+            .and_then(|offset| self.base.checked_add(offset))
+    }
+
+    /// Where epoch `number`'s window ends (exclusive), `None` past 2^64.
+    pub fn end(&self, number: u64) -> Option<u64> {
+        number.checked_add(1).and_then(|next| self.start(next))
+    }
+
+    /// Whether the current epoch has delivered everything it wants.
+    pub fn is_complete(&self) -> bool {
+        self.plan.is_complete()
+    }
+
+    /// Whether the current epoch is gathered (copied out of its window).
+    pub fn gathered(&self) -> bool {
+        self.gathered
+    }
+
+    /// The current epoch's window ended: nothing more to gather (the epoch is complete,
+    /// unless the feed broke its rule).
+    pub fn stop_gathering(&mut self) {
+        self.gathered = false;
+    }
+
+    /// Index `index` passes in the current epoch's window: records it delivered if the plan
+    /// wants it; returns whether it is delivered (a gathered epoch copies it then).
+    pub fn deliver(&mut self, index: u64) -> bool {
+        self.plan.mark(index)
+    }
+
+    /// Takes back a [`Epochs::deliver`] of `index` (its copy may be torn).
+    pub fn undeliver(&mut self, index: u64) {
+        self.plan.unmark(index);
+    }
+
+    /// How many the current epoch has delivered.
+    pub fn delivered(&self) -> u64 {
+        self.plan.delivered()
+    }
+
+    /// What the current epoch delivers in all, fixed when it began (0 before the first).
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Samples of a whole epoch before batching: `N`, or a rank's share.
+    pub fn share(&self) -> u64 {
+        match &self.group {
+            None => self.n,
+            Some(g) => {
+                let w = u64::from(g.world_size.max(1));
+                match g.even {
+                    crate::plan::Even::Pad => self.n.div_ceil(w),
+                    crate::plan::Even::Drop => self.n / w,
+                }
+            }
+        }
+    }
+
+    /// The producer let this consumer go and attached it again at sequence `start`. The
+    /// epoch in progress goes on in the window `[start, start + N)` (gathered: only what it
+    /// has not delivered) when it has delivered part of its plan; an epoch that delivered
+    /// nothing starts over at `start`; otherwise the next epoch will start there. Returns the
+    /// sequence to read from (`start`, or further when the window would start before the
+    /// first epoch's), or `Err(number)` when that epoch would start past 2^64.
+    pub fn rejoined(&mut self, start: u64) -> Result<u64, u64> {
+        let gathered = self.group.is_some();
+        let (number, gathered) = match self.current {
+            Some(k) if self.plan.delivered() > 0 && !self.plan.is_complete() => (k, true),
+            Some(k) if self.plan.delivered() == 0 => (k, gathered),
+            _ => (self.next_epoch, gathered),
+        };
+        let offset = number
+            .checked_sub(self.first_epoch)
+            .and_then(|k| k.checked_mul(self.n))
+            .ok_or(number)?;
+        self.base = start.saturating_sub(offset);
+        self.gathered = gathered;
+        Ok(start.max(offset))
+    }
+
+    /// Loads a saved position (its epoch and what that epoch had delivered) before the first
+    /// epoch begins: that epoch is the next to begin, and delivers only the rest.
+    pub fn load(&mut self, epoch: u64, delivered: &Bitmap) -> Result<(), LoadError> {
+        if let Some(epoch) = self.current {
+            return Err(LoadError::AlreadyStarted { epoch });
+        }
+        let mut plan = match &self.group {
+            None => EpochPlan::try_whole(self.n)?,
+            Some(group) => EpochPlan::for_rank(self.n, group, epoch)?,
+        };
+        plan.restore(delivered)?;
+        self.next_epoch = epoch;
+        self.first_epoch = epoch;
+        self.resume = Some(delivered.clone());
+        Ok(())
+    }
+
+    /// Where this consumer stands, for a saved position: the epoch in progress and what it
+    /// delivered; a loaded position not begun yet; or the next epoch, nothing delivered.
+    pub fn saved(&self) -> (u64, Bitmap) {
+        match (self.current, &self.resume) {
+            (None, Some(delivered)) => (self.next_epoch, delivered.clone()),
+            (Some(k), _) if !self.plan.is_complete() => (k, self.plan.delivered_set().clone()),
+            _ => (self.next_epoch, Bitmap::new(self.n)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::plan::Even;
+
+    #[test]
+    fn windows_follow_one_another_from_the_join_and_from_a_loaded_epoch() {
+        let mut e = Epochs::new(10, 7, None, 4, false).unwrap();
+        assert_eq!(
+            e.begin().unwrap(),
+            Begun {
+                number: 0,
+                start: Some(7)
+            }
+        );
+        assert_eq!(e.end(0), Some(17));
+        assert_eq!(e.samples(), 10);
+        let mut resumed = Epochs::new(10, 100, None, 4, true).unwrap();
+        let mut half = Bitmap::new(10);
+        for i in 0..5 {
+            half.set(i);
+        }
+        resumed.load(3, &half).unwrap();
+        assert_eq!(resumed.saved().0, 3, "a loaded position saves as itself");
+        let begun = resumed.begin().unwrap();
+        assert_eq!(
+            begun,
+            Begun {
+                number: 3,
+                start: Some(100)
+            }
+        );
+        assert!(resumed.gathered());
+        assert_eq!(resumed.samples(), 4, "5 left, drop_last with batches of 4");
+        assert!(!resumed.deliver(2), "delivered before the save");
+        assert!(resumed.deliver(7));
+        assert_eq!(resumed.end(3), Some(110));
+        assert!(matches!(
+            resumed.load(0, &half),
+            Err(LoadError::AlreadyStarted { epoch: 3 })
+        ));
+    }
+
+    #[test]
+    fn a_rejoin_mid_epoch_goes_on_gathering_and_one_before_any_delivery_starts_over() {
+        let mut e = Epochs::new(10, 0, None, 4, false).unwrap();
+        e.begin().unwrap();
+        assert_eq!(
+            e.rejoined(25),
+            Ok(25),
+            "nothing delivered: the epoch starts at 25"
+        );
+        assert!(!e.gathered());
+        assert_eq!((e.start(0), e.end(0)), (Some(25), Some(35)));
+        for i in 0..3 {
+            e.deliver(i);
+        }
+        assert_eq!(e.rejoined(40), Ok(40));
+        assert!(e.gathered(), "part delivered: the rest is gathered");
+        assert_eq!(e.end(0), Some(50));
+        assert_eq!(e.saved().1.count(), 3);
+        // Completed: the next epoch starts at the rejoin point.
+        for i in 0..10 {
+            e.deliver(i);
+        }
+        assert!(e.is_complete());
+        assert_eq!(e.rejoined(61), Ok(61));
+        assert_eq!(
+            e.begin().unwrap(),
+            Begun {
+                number: 1,
+                start: Some(61)
+            }
+        );
+    }
+
+    #[test]
+    fn a_rank_gathers_every_epoch_and_its_plan_is_dealt_anew() {
+        let group = GroupSpec {
+            name: "g".into(),
+            rank: 1,
+            world_size: 3,
+            even: Even::Pad,
+        };
+        let mut e = Epochs::new(10, 0, Some(group), 2, false).unwrap();
+        assert_eq!(e.share(), 4);
+        e.begin().unwrap();
+        assert!(e.gathered());
+        assert_eq!(e.samples(), 4);
+        let bad = GroupSpec {
+            name: "g".into(),
+            rank: 0,
+            world_size: 11,
+            even: Even::Pad,
+        };
+        assert!(Epochs::new(10, 0, Some(bad), 2, false).is_err());
+    }
+
+    #[test]
+    fn an_epoch_past_two_to_the_sixty_four_is_none_not_a_wrap() {
+        let mut e = Epochs::new(10, u64::MAX - 15, None, 4, false).unwrap();
+        e.begin().unwrap();
+        assert_eq!(e.end(0), Some(u64::MAX - 5));
+        assert_eq!(e.end(1), None);
+        let mut far = Epochs::new(10, 0, None, 4, false).unwrap();
+        far.load(u64::MAX, &Bitmap::new(10)).unwrap();
+        assert_eq!(
+            far.begin().unwrap(),
+            Begun {
+                number: u64::MAX,
+                start: Some(0)
+            }
+        );
+        assert_eq!(
+            far.end(u64::MAX),
+            None,
+            "the epoch after the last has no start"
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! Arbitrary bytes as a saved consumer position → `SavedPosition::decode`; a position that
+//! decodes must encode back to bytes that decode to the same position. Errors are fine;
+//! panics (and huge allocations the bytes cannot justify) are bugs.
+#![no_main]
+
+use ladle_consumer::position::SavedPosition;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(position) = SavedPosition::decode(data) {
+        let again =
+            SavedPosition::decode(&position.encode()).expect("a re-encoded position decodes");
+        assert_eq!(again, position);
+    }
+});

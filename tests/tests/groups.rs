@@ -1,0 +1,526 @@
+//! Consumer groups (the ranks of a DDP job split each epoch) and resumed positions, against
+//! real `ladle serve` processes: ranks and resumed consumers run in this process through the
+//! Rust SDK, or as `ladle consume` children where one must be killed.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ladle_consumer::{
+    ConnectError, Consumer, ConsumerConfig, ConsumerError, Even, GroupSpec, ResumeError,
+    SavedPosition,
+};
+use ladle_tests::Fixture;
+
+/// A deterministic transform: the image of an index is the same in every producer epoch and
+/// every producer, so a resumed consumer's samples can be checked against a reference.
+const SERVE: &[&str] = &[
+    "--transform",
+    "Resize(16), CenterCrop(16)",
+    "--ring-mib",
+    "8",
+    "--threads",
+    "2",
+    "--seed",
+    "7",
+];
+
+const GUARD: Duration = Duration::from_secs(120);
+
+fn config(batch_size: u32, group: Option<GroupSpec>) -> ConsumerConfig {
+    ConsumerConfig {
+        batch_size,
+        group,
+        group_timeout: GUARD,
+        ..ConsumerConfig::default()
+    }
+}
+
+fn rank(name: &str, rank: u32, world_size: u32, even: Even) -> Option<GroupSpec> {
+    Some(GroupSpec {
+        name: name.into(),
+        rank,
+        world_size,
+        even,
+    })
+}
+
+/// Reads `epochs` epochs; returns each epoch's indices in delivery order.
+fn read_epochs(consumer: &Consumer, epochs: usize) -> Vec<Vec<u64>> {
+    (0..epochs)
+        .map(|_| {
+            let mut indices = Vec::new();
+            for batch in consumer.epoch() {
+                indices.extend_from_slice(batch.unwrap().indices());
+            }
+            indices
+        })
+        .collect()
+}
+
+/// Every sample's image and label, by index, as a whole-epoch consumer reads them.
+fn reference(socket: &Path) -> HashMap<u64, (Vec<u8>, i64)> {
+    let consumer = Consumer::connect(socket, config(25, None)).unwrap();
+    let mut samples = HashMap::new();
+    for batch in consumer.epoch() {
+        let batch = batch.unwrap();
+        let per = batch.images().len() / batch.len();
+        for (k, &index) in batch.indices().iter().enumerate() {
+            let image = batch.images()[k * per..(k + 1) * per].to_vec();
+            samples.insert(index, (image, batch.labels()[k]));
+        }
+    }
+    samples
+}
+
+/// Checks that `consumer`'s next epoch delivers exactly `expected` (a set of indices, each
+/// once), every sample as `reference` has it.
+fn assert_epoch_is(
+    consumer: &Consumer,
+    expected: &[u64],
+    reference: &HashMap<u64, (Vec<u8>, i64)>,
+    what: &str,
+) {
+    let mut got = Vec::new();
+    for batch in consumer.epoch() {
+        let batch = batch.unwrap();
+        let per = batch.images().len() / batch.len();
+        for (k, &index) in batch.indices().iter().enumerate() {
+            let (image, label) = &reference[&index];
+            assert_eq!(batch.labels()[k], *label, "{what}: label of index {index}");
+            assert!(
+                batch.images()[k * per..(k + 1) * per] == image[..],
+                "{what}: image of index {index} differs from the reference"
+            );
+            got.push(index);
+        }
+    }
+    got.sort_unstable();
+    let mut want = expected.to_vec();
+    want.sort_unstable();
+    assert_eq!(got, want, "{what}");
+}
+
+/// Runs `world` ranks (threads) of group `name` with `batch` beside a whole-epoch consumer,
+/// `epochs` epochs each; checks the split of every epoch.
+fn check_group(socket: &Path, n: u64, world: u32, batch: u32, even: Even, name: &str) {
+    let epochs = 3;
+    let whole = std::thread::scope(|s| {
+        let whole = s.spawn(|| {
+            read_epochs(
+                &Consumer::connect(socket, config(32, None)).unwrap(),
+                epochs,
+            )
+        });
+        let ranks: Vec<_> = (0..world)
+            .map(|r| {
+                s.spawn(move || {
+                    let consumer =
+                        Consumer::connect(socket, config(batch, rank(name, r, world, even)))
+                            .unwrap();
+                    read_epochs(&consumer, epochs)
+                })
+            })
+            .collect();
+        let ranks: Vec<Vec<Vec<u64>>> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        for epoch in 0..epochs {
+            let share = match even {
+                Even::Pad => n.div_ceil(u64::from(world)),
+                Even::Drop => n / u64::from(world),
+            };
+            let mut count: BTreeMap<u64, u64> = BTreeMap::new();
+            for (r, rank) in ranks.iter().enumerate() {
+                let indices = &rank[epoch];
+                assert_eq!(
+                    indices.len() as u64,
+                    share,
+                    "rank {r} epoch {epoch}: its share"
+                );
+                let mut own = indices.clone();
+                own.sort_unstable();
+                own.dedup();
+                assert_eq!(
+                    own.len(),
+                    indices.len(),
+                    "rank {r} epoch {epoch}: an index twice"
+                );
+                for &i in indices {
+                    *count.entry(i).or_default() += 1;
+                }
+            }
+            let total = share * u64::from(world);
+            match even {
+                Even::Pad => {
+                    assert_eq!(
+                        count.len() as u64,
+                        n,
+                        "epoch {epoch}: the union is the epoch"
+                    );
+                    let repeats: u64 = count.values().map(|c| c - 1).sum();
+                    assert_eq!(
+                        repeats,
+                        total - n,
+                        "epoch {epoch}: repeats beyond the padding"
+                    );
+                }
+                Even::Drop => {
+                    assert!(
+                        count.values().all(|&c| c == 1),
+                        "epoch {epoch}: shares overlap"
+                    );
+                    assert_eq!(count.len() as u64, total);
+                    assert!(count.keys().all(|&i| i < n));
+                }
+            }
+            // The shares are reshuffled from one epoch to the next.
+            if epoch > 0 {
+                assert_ne!(
+                    ranks[0][epoch - 1],
+                    ranks[0][epoch],
+                    "rank 0 got the same share twice"
+                );
+            }
+        }
+        whole.join().unwrap()
+    });
+    for (epoch, indices) in whole.iter().enumerate() {
+        let mut sorted = indices.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..n).collect::<Vec<_>>(),
+            "whole consumer, epoch {epoch}"
+        );
+    }
+}
+
+#[test]
+fn two_and_three_ranks_split_every_epoch_beside_a_whole_consumer_that_stays_exact() {
+    let mut fx = Fixture::new();
+    let n = 101;
+    let data = fx.dataset(n as u32, 24, 20);
+    fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    check_group(&socket, n, 2, 32, Even::Pad, "job-2");
+    check_group(&socket, n, 3, 50, Even::Pad, "job-3");
+    check_group(&socket, n, 3, 16, Even::Drop, "job-3-drop");
+}
+
+#[test]
+fn a_group_missing_a_rank_fails_at_its_deadline_naming_the_rank() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(20, 24, 20);
+    fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    let errors: Vec<ConnectError> = std::thread::scope(|s| {
+        let handles: Vec<_> = [0u32, 2]
+            .into_iter()
+            .map(|r| {
+                let socket = &socket;
+                s.spawn(move || {
+                    let mut config = config(4, rank("short", r, 3, Even::Pad));
+                    config.group_timeout = Duration::from_secs(1);
+                    Consumer::connect(socket, config).unwrap_err()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for error in errors {
+        match &error {
+            ConnectError::GroupIncomplete { missing, group, .. } => {
+                assert_eq!((missing.as_slice(), group.as_str()), (&[1][..], "short"));
+            }
+            other => panic!("expected GroupIncomplete, got {other}"),
+        }
+        let text = error.to_string();
+        assert!(text.contains("rank 1 never joined"), "{text}");
+    }
+    // A rank out of range, and more ranks than samples, are refused at once with reasons.
+    let err = Consumer::connect(&socket, config(4, rank("bad", 3, 3, Even::Pad))).unwrap_err();
+    assert!(err.to_string().contains("rank 3"), "{err}");
+    let err = Consumer::connect(&socket, config(4, rank("wide", 0, 21, Even::Pad))).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("21 ranks cannot split a dataset of 20 samples"),
+        "{err}"
+    );
+    // Two rank 0s at once: whichever comes second is refused while the first waits; the
+    // first is welcomed once rank 1 joins.
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..2 {
+            let (tx, socket) = (tx.clone(), &socket);
+            s.spawn(move || {
+                let result = Consumer::connect(socket, config(4, rank("dup", 0, 2, Even::Pad)));
+                tx.send(result.map(drop)).unwrap();
+            });
+        }
+        match rx.recv().unwrap() {
+            Err(ConnectError::Rejected { reason, .. }) => {
+                assert!(
+                    reason.contains("\"dup\": rank 0 is already waiting"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected the second rank 0 refused, got {other:?}"),
+        }
+        let _one = Consumer::connect(&socket, config(4, rank("dup", 1, 2, Even::Pad))).unwrap();
+        rx.recv().unwrap().unwrap();
+    });
+}
+
+#[test]
+fn a_rank_killed_gives_the_other_ranks_group_broken_promptly() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 24, 20);
+    fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    let killed = fx.consume(
+        8,
+        1000,
+        &[
+            "--group",
+            "ddp",
+            "--rank",
+            "1",
+            "--world-size",
+            "3",
+            "--step-ms",
+            "20",
+        ],
+    );
+    let (survivor, elapsed) = std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            let c = Consumer::connect(&socket, config(8, rank("ddp", 2, 3, Even::Pad))).unwrap();
+            read_until_broken(&c)
+        });
+        let me = Consumer::connect(&socket, config(8, rank("ddp", 0, 3, Even::Pad))).unwrap();
+        // Read a few batches, then kill rank 1 and time how long until this rank hears.
+        let mut read = 0;
+        'epochs: loop {
+            for batch in me.epoch() {
+                batch.unwrap();
+                read += 1;
+                if read == 5 {
+                    break 'epochs;
+                }
+            }
+        }
+        fx.signal(killed, 9);
+        let killed_at = Instant::now();
+        let (error, at) = read_until_broken(&me);
+        (other.join().unwrap(), (error, at - killed_at))
+    });
+    let (error, waited) = elapsed;
+    for error in [&survivor.0, &error] {
+        match error {
+            ConsumerError::GroupBroken { group, rank, .. } => {
+                assert_eq!((group.as_str(), rank), ("ddp", &1));
+            }
+            other => panic!("expected GroupBroken, got {other}"),
+        }
+    }
+    eprintln!("rank 0 heard that rank 1 was killed after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "GroupBroken took {waited:?}"
+    );
+}
+
+/// Reads (batch after batch, epoch after epoch) until an error, which it returns with the
+/// time it came.
+fn read_until_broken(consumer: &Consumer) -> (ConsumerError, Instant) {
+    let deadline = Instant::now() + GUARD;
+    loop {
+        for batch in consumer.epoch() {
+            match batch {
+                Ok(b) => drop(b),
+                Err(e) => return (e, Instant::now()),
+            }
+            assert!(Instant::now() < deadline, "no GroupBroken within {GUARD:?}");
+        }
+    }
+}
+
+/// Reads `batches` batches of `consumer`'s first epoch; returns their indices and the
+/// consumer's position, encoded, taken right after.
+fn read_part(consumer: &Consumer, batches: usize) -> (Vec<u64>, Vec<u8>) {
+    let mut indices = Vec::new();
+    let mut epoch = consumer.epoch();
+    for _ in 0..batches {
+        indices.extend_from_slice(epoch.next().unwrap().unwrap().indices());
+    }
+    (indices, consumer.position().encode())
+}
+
+#[test]
+fn a_resumed_consumer_delivers_exactly_the_rest_of_its_epoch_then_whole_epochs() {
+    let mut fx = Fixture::new();
+    let n = 100u64;
+    let data = fx.dataset(n as u32, 24, 20);
+    let serve = fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    let reference = reference(&socket);
+    let all: Vec<u64> = (0..n).collect();
+
+    // 40% of an epoch, then the process's consumer goes (its position saved as bytes).
+    let (first, saved) = read_part(&Consumer::connect(&socket, config(10, None)).unwrap(), 4);
+    assert_eq!(first.len(), 40);
+    let rest: Vec<u64> = all.iter().copied().filter(|i| !first.contains(i)).collect();
+    let position = SavedPosition::decode(&saved).unwrap();
+    assert_eq!((position.epoch, position.delivered.count()), (0, 40));
+
+    // Against the same producer.
+    let resumed = Consumer::connect(&socket, config(10, None)).unwrap();
+    resumed.load_position(&position).unwrap();
+    assert_epoch_is(&resumed, &rest, &reference, "resumed epoch, same producer");
+    assert_epoch_is(&resumed, &all, &reference, "the epoch after");
+    assert_eq!(resumed.epoch_number(), 2);
+    drop(resumed);
+
+    // Against a restarted producer of the same feed.
+    fx.signal(serve, 15);
+    fx.wait(serve, GUARD);
+    let serve = fx.serve(&data, SERVE);
+    let resumed = Consumer::connect(&socket, config(7, None)).unwrap();
+    resumed.load_position(&position).unwrap();
+    assert_epoch_is(
+        &resumed,
+        &rest,
+        &reference,
+        "resumed epoch, restarted producer",
+    );
+    assert_epoch_is(
+        &resumed,
+        &all,
+        &reference,
+        "the epoch after, restarted producer",
+    );
+    // Once an epoch has begun, a position is refused.
+    assert!(matches!(
+        resumed.load_position(&position),
+        Err(ResumeError::AlreadyStarted { .. })
+    ));
+    drop(resumed);
+
+    // Against a producer of another seed: refused, naming the seed.
+    fx.signal(serve, 15);
+    fx.wait(serve, GUARD);
+    let other: Vec<&str> = SERVE
+        .iter()
+        .map(|a| if *a == "7" { "8" } else { a })
+        .collect();
+    fx.serve(&data, &other);
+    let consumer = Consumer::connect(&socket, config(10, None)).unwrap();
+    let err = consumer.load_position(&position).unwrap_err();
+    assert!(err.to_string().contains("seed"), "{err}");
+    // A rank's position is refused by a consumer of whole epochs.
+    let err = consumer
+        .load_position(&SavedPosition {
+            group: rank("job", 0, 2, Even::Pad),
+            ..consumer.position()
+        })
+        .unwrap_err();
+    assert!(matches!(err, ResumeError::OtherGroup { .. }), "{err}");
+}
+
+#[test]
+fn a_group_restarted_as_a_whole_from_its_ranks_positions_finishes_the_epoch_exactly() {
+    let mut fx = Fixture::new();
+    let n = 61u64;
+    let data = fx.dataset(n as u32, 24, 20);
+    fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    let world = 2;
+    // First incarnation: each rank reads 2 batches of 8 (16 of its 31), saves, and goes.
+    let first: Vec<(Vec<u64>, Vec<u8>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let socket = &socket;
+                s.spawn(move || {
+                    let c = Consumer::connect(socket, config(8, rank("job", r, world, Even::Pad)))
+                        .unwrap();
+                    read_part(&c, 2)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Second incarnation: each rank loads its own position and finishes the epoch.
+    let second: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (socket, saved) = (&socket, &first[r as usize].1);
+                s.spawn(move || {
+                    let c = Consumer::connect(socket, config(8, rank("job", r, world, Even::Pad)))
+                        .unwrap();
+                    c.load_position(&SavedPosition::decode(saved).unwrap())
+                        .unwrap();
+                    read_epochs(&c, 1).remove(0)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let share = n.div_ceil(u64::from(world));
+    let mut count: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in 0..world as usize {
+        let mine: Vec<u64> = first[r].0.iter().chain(&second[r]).copied().collect();
+        assert_eq!(
+            mine.len() as u64,
+            share,
+            "rank {r}: its share over both incarnations"
+        );
+        let mut sorted = mine.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), mine.len(), "rank {r}: an index twice");
+        for i in mine {
+            *count.entry(i).or_default() += 1;
+        }
+    }
+    assert_eq!(count.len() as u64, n, "the union is the epoch");
+    let repeats: u64 = count.values().map(|c| c - 1).sum();
+    assert_eq!(
+        repeats,
+        share * u64::from(world) - n,
+        "repeats beyond the padding"
+    );
+}
+
+#[test]
+fn a_consumer_killed_mid_epoch_resumes_from_the_position_it_saved_and_finishes_the_epoch() {
+    let mut fx = Fixture::new();
+    let n = 100u64;
+    let data = fx.dataset(n as u32, 24, 20);
+    fx.serve(&data, SERVE);
+    let saved = fx.path().join("position.bin");
+    let saved_arg = saved.to_str().unwrap().to_owned();
+    let first = fx.consume(10, 1, &["--step-ms", "100", "--save-position", &saved_arg]);
+    // Wait until the saved position holds at least 40 samples, then kill the process.
+    let delivered = ladle_tests::wait_until("a position with 40 samples delivered", GUARD, || {
+        Ok(std::fs::read(&saved)
+            .ok()
+            .and_then(|bytes| SavedPosition::decode(&bytes).ok())
+            .filter(|p| p.delivered.count() >= 40)
+            .map(|p| p.delivered.count()))
+    });
+    fx.signal(first, 9);
+    fx.wait(first, GUARD);
+    // The file is whole (written beside and renamed), whatever moment the kill came.
+    let position = SavedPosition::decode(&std::fs::read(&saved).unwrap()).unwrap();
+    assert!(position.delivered.count() >= delivered && position.delivered.count() < n);
+    let resumed = fx.consume(10, 2, &["--resume", &saved_arg]);
+    let epochs = fx
+        .wait(resumed, GUARD)
+        .assert_exact(2, "the resumed consumer");
+    assert_eq!(
+        epochs[0]["samples"],
+        n - position.delivered.count(),
+        "the rest of the epoch"
+    );
+    assert_eq!(epochs[1]["samples"], n, "then a whole epoch");
+}
