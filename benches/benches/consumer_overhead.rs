@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use ladle_benches::thread_cpu;
 use ladle_consumer::DatasetInfo as Info;
 use ladle_consumer::Schema;
 use ladle_consumer::prelude::*;
@@ -191,11 +192,4 @@ fn measure(producer: &Producer, socket: &Path, touch: impl Fn(&Batch<'_>, bool) 
             us(mean(&times)),
         );
     }
-}
-
-/// CPU time this thread has used: the consumer's own cost, without the time the OS gave the
-/// producer's threads on the same two cores.
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }

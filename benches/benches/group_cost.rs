@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use ladle_benches::thread_cpu;
 use ladle_consumer::plan::Bitmap;
 use ladle_consumer::prelude::*;
 use ladle_consumer::{DatasetInfo as Info, Even, GroupSpec, Schema};
@@ -41,7 +42,9 @@ fn main() {
         ..ProducerConfig::default()
     };
     let source = Arc::new(Images {
-        schema: "image: u8[224, 224, 3], label: i64".parse().expect("schema"),
+        schema: "image: u8[224, 224, 3], label: i64"
+            .parse()
+            .expect("schema"),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let producer = Producer::start_custom(source, config, stop).expect("start the producer");
@@ -147,12 +150,6 @@ fn take(consumer: &Consumer) -> (f64, f64) {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let mean = cpu.iter().sum::<Duration>() / cpu.len() as u32;
     (us(cpu[cpu.len() / 2]), us(mean))
-}
-
-/// CPU time this thread has used.
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Images made in memory: the producer's cost is a fill, not a decode.

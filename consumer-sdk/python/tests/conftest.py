@@ -40,11 +40,10 @@ def ladle_bin() -> Path:
     return _ladle_bin()
 
 
-@pytest.fixture(scope="session")
-def dataset(ladle_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "cifar"
+def generate_cifar(ladle_bin: Path, out: Path, count: int) -> Path:
+    """Generates a CIFAR-10 dataset of ``count`` records at ``out`` with ``ladle``."""
     subprocess.run(
-        [ladle_bin, "dataset", "generate", "--format", "cifar10", "--count", str(DATASET_LEN),
+        [ladle_bin, "dataset", "generate", "--format", "cifar10", "--count", str(count),
          "--out", out],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -52,6 +51,11 @@ def dataset(ladle_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=120,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def dataset(ladle_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_cifar(ladle_bin, tmp_path_factory.mktemp("data") / "cifar", DATASET_LEN)
 
 
 class Producer:

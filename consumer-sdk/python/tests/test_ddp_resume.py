@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Producer
+from conftest import REPO, Producer, generate_cifar
 
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
@@ -77,8 +77,7 @@ def test_a_ddp_job_killed_after_one_and_a_half_epochs_resumes_and_trains_each_in
     ladle_bin: Path, tmp_path: Path
 ):
     data = tmp_path / "cifar"
-    subprocess.run([ladle_bin, "dataset", "generate", "--format", "cifar10", "--count", str(N),
-                    "--out", data], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    generate_cifar(ladle_bin, data, N)
     producer = Producer(ladle_bin, data, tmp_path / "feed.sock", "--ring-mib", "1")
     ckpt, record = tmp_path / "ckpt.pt", tmp_path / "indices"
     epochs = 3

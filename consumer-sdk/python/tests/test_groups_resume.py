@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Producer
+from conftest import Producer, generate_cifar
 
 HERE = Path(__file__).resolve()
 
@@ -40,16 +40,6 @@ EVEN_LEN = 100
 DEADLINE = 60.0
 
 
-def _generate(ladle_bin: Path, out: Path, count: int) -> Path:
-    subprocess.run(
-        [ladle_bin, "dataset", "generate", "--format", "cifar10", "--count", str(count),
-         "--out", out],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        timeout=120,
-    )
-    return out
 
 
 def _labels(dataset: Path) -> list[int]:
@@ -61,12 +51,12 @@ def _labels(dataset: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def odd_dataset(ladle_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _generate(ladle_bin, tmp_path_factory.mktemp("odd") / "cifar", ODD_LEN)
+    return generate_cifar(ladle_bin, tmp_path_factory.mktemp("odd") / "cifar", ODD_LEN)
 
 
 @pytest.fixture(scope="module")
 def even_dataset(ladle_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _generate(ladle_bin, tmp_path_factory.mktemp("even") / "cifar", EVEN_LEN)
+    return generate_cifar(ladle_bin, tmp_path_factory.mktemp("even") / "cifar", EVEN_LEN)
 
 
 @pytest.fixture
