@@ -76,6 +76,12 @@ pub(crate) struct FeedOptions {
     /// Stop once the last consumer has been gone this many seconds (after one joined).
     #[arg(long, value_name = "S")]
     keep_alive: Option<f64>,
+    /// How far ahead of its consumers the feed decodes, in samples beyond the furthest any
+    /// of them has asked for: `auto` (four batches of the largest batch size, at least 16
+    /// samples per decode thread), a number, or `ring` (as far as the ring allows, decoding
+    /// samples nobody may read).
+    #[arg(long, value_name = "N|auto|ring", default_value = "auto")]
+    read_ahead: ladle_producer::ReadAhead,
 }
 
 impl FeedOptions {
@@ -129,6 +135,7 @@ impl FeedOptions {
                         .with_context(|| format!("--keep-alive {s} is not a number of seconds"))
                 })
                 .transpose()?,
+            read_ahead: self.read_ahead,
         };
         Ok((dataset, config))
     }

@@ -112,6 +112,55 @@ pub struct ProducerConfig {
     /// Stop once the last consumer has been gone this long (after at least one joined);
     /// `None`: serve until stopped.
     pub keep_alive: Option<Duration>,
+    /// How far ahead of its consumers the feed decodes.
+    pub read_ahead: ReadAhead,
+}
+
+/// How far ahead of what its consumers asked for a feed decodes: samples decoded beyond that
+/// would wait in the ring, and be wasted if nobody reads them (the runs of a sweep end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadAhead {
+    /// Four batches of the largest batch size among the attached consumers, and at least
+    /// [`READ_AHEAD_PER_THREAD`] samples per decode thread (so that every thread has work).
+    #[default]
+    Auto,
+    /// This many samples beyond the furthest any consumer has asked for.
+    Samples(u64),
+    /// As far as the ring allows: every consumer's unread samples, up to the ring's
+    /// capacity (what feeds did before protocol version 7).
+    Ring,
+}
+
+/// [`ReadAhead::Auto`]'s floor per decode thread.
+pub const READ_AHEAD_PER_THREAD: u64 = 16;
+
+impl ReadAhead {
+    /// The read-ahead in samples for consumers whose largest batch is `largest_batch`, on
+    /// `threads` decode threads (`u64::MAX` for [`ReadAhead::Ring`]).
+    pub fn samples(self, largest_batch: u64, threads: u64) -> u64 {
+        match self {
+            Self::Auto => (4 * largest_batch).max(READ_AHEAD_PER_THREAD * threads.max(1)),
+            Self::Samples(n) => n.max(1),
+            Self::Ring => u64::MAX,
+        }
+    }
+}
+
+impl std::str::FromStr for ReadAhead {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "ring" => Ok(Self::Ring),
+            n => match n.parse::<u64>() {
+                Ok(0) | Err(_) => Err(format!(
+                    "read-ahead {n:?}: give a number of samples (at least 1), `auto` or `ring`"
+                )),
+                Ok(n) => Ok(Self::Samples(n)),
+            },
+        }
+    }
 }
 
 impl Default for ProducerConfig {
@@ -126,6 +175,7 @@ impl Default for ProducerConfig {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             keep_alive: None,
+            read_ahead: ReadAhead::Auto,
         }
     }
 }
@@ -304,6 +354,7 @@ pub(crate) struct Shared {
     /// [`Producer::consumed`]).
     pub(crate) consumed: AtomicU64,
     pub(crate) stall_timeout: Duration,
+    pub(crate) read_ahead: ReadAhead,
     pub(crate) keep_alive: Option<Duration>,
     pub(crate) max_connections: usize,
     /// Connection threads alive.
@@ -711,6 +762,7 @@ impl Producer {
             bad: AtomicU64::new(0),
             consumed: AtomicU64::new(0),
             stall_timeout: config.stall_timeout,
+            read_ahead: config.read_ahead,
             keep_alive: config.keep_alive,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
@@ -887,6 +939,10 @@ impl Drop for Producer {
 /// How long the feeder sleeps before re-checking stop flags, joins, leaves and stalls.
 const POLL: Duration = Duration::from_millis(50);
 
+/// The longest the feeder sleeps on one consumer's demand while it is far enough ahead: the
+/// consumer that asked for the most wakes it sooner, another that overtakes it within this.
+const AHEAD_POLL: Duration = Duration::from_millis(10);
+
 /// The pipeline's work: a write loan for each next sequence, with its dataset index.
 struct FeedSource<'a> {
     shared: &'a Shared,
@@ -905,7 +961,17 @@ impl<'a> WorkSource for FeedSource<'a> {
             if shared.stop.load(Ordering::SeqCst) {
                 return Poll::Ready(None);
             }
-            match shared.ring.try_loan(&state.readers) {
+            let largest_batch = state
+                .members
+                .iter()
+                .filter(|m| m.attached)
+                .map(|m| u64::from(m.batch_size))
+                .max()
+                .unwrap_or(1);
+            let read_ahead = shared
+                .read_ahead
+                .samples(largest_batch, u64::from(shared.threads));
+            match shared.ring.try_loan_within(&state.readers, read_ahead) {
                 Gate::Loan(loan) => {
                     let seq = loan.seq();
                     let (index, epoch) = self.feed.index_of(seq, &state.cuts);
@@ -948,6 +1014,17 @@ impl<'a> WorkSource for FeedSource<'a> {
                         .changed
                         .wait_timeout(state, POLL)
                         .map_or_else(|p| p.into_inner().0, |r| r.0);
+                }
+                Gate::Ahead { page, word } => {
+                    if !wait {
+                        return Poll::Pending;
+                    }
+                    // Far enough ahead of what consumers asked for: sleep until the consumer
+                    // that asked for the most asks for more (it wakes us), at most
+                    // AHEAD_POLL (another consumer may overtake it).
+                    drop(state);
+                    page.wait_for_demand(word, AHEAD_POLL);
+                    state = shared.lock();
                 }
                 Gate::Full { id, cursor, page } => {
                     if shared.check_stall(&mut state, id, cursor) {

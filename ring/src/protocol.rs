@@ -37,7 +37,7 @@
 //! (the ranks of one DDP job): the producer answers `GroupWaiting` while ranks are missing,
 //! holds the `Welcome` of every rank until all `world_size` have said `Hello`, or answers
 //! `GroupIncomplete` naming the missing ranks at the group's deadline; once the group runs, a
-//! rank that leaves or dies gives every other rank `GroupBroken`. `Welcome` carries the
+//! rank that goes without `Leave` gives every other rank `GroupBroken`. `Welcome` carries the
 //! feed's [`FeedIdentity`], which a saved consumer position is checked against.
 //!
 //! ```text
@@ -46,6 +46,10 @@
 //!                                 ◄─ Welcome{…} | GroupIncomplete{missing}
 //!                                 ◄─ GroupBroken{rank, reason}          (any time after)
 //! ```
+//!
+//! Version 7: a consumer's cursor page holds its *demand* (the end of the last span it
+//! reserved), and the producer decodes at most its read-ahead beyond its consumers' largest
+//! demand instead of as far as the ring allows.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -58,7 +62,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;

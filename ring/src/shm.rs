@@ -51,6 +51,13 @@ struct CursorWords {
     /// that changes on every delivery, and the let-go bit the producer sets on a consumer
     /// that held the feed back for the stall timeout without taking a batch.
     lease: AtomicU64,
+    /// What the consumer has asked for: the end of the last span it reserved (it only
+    /// grows). The producer decodes at most its read-ahead beyond the largest demand of its
+    /// consumers (protocol version 7).
+    demand: AtomicU64,
+    /// Low 32 bits of `demand`, the futex word the producer sleeps on while it is that far
+    /// ahead.
+    demand_word: AtomicU32,
 }
 
 /// The double-mapped sample regions: one per schema field, then the indices and the flags.
@@ -471,13 +478,43 @@ impl CursorPage {
         protocol_core::let_go(&self.words().lease, seen)
     }
 
-    /// Producer: puts the cursor at `at` and clears the lease, for a consumer (re)attached
-    /// at `at`. Only while the consumer does not use the page (before `Welcome`, or while it
-    /// waits for `Rejoined`).
+    /// Consumer: asks for everything below `end` (the end of a span it reserved or waits
+    /// for); the demand only grows. Wakes a producer sleeping because it was far enough
+    /// ahead of the old demand.
+    pub fn raise_demand(&self, end: u64) {
+        let words = self.words();
+        if words.demand.fetch_max(end, Ordering::SeqCst) < end {
+            words.demand_word.store(end as u32, Ordering::SeqCst);
+            sys::futex_wake_all(&words.demand_word);
+        }
+    }
+
+    /// What this consumer has asked for ([`CursorPage::raise_demand`]).
+    pub fn demand(&self) -> u64 {
+        self.words().demand.load(Ordering::SeqCst)
+    }
+
+    /// Producer: the demand's futex word; read it before [`CursorPage::demand`] and sleep
+    /// with it ([`CursorPage::wait_for_demand`]).
+    pub fn demand_word(&self) -> u32 {
+        self.words().demand_word.load(Ordering::SeqCst)
+    }
+
+    /// Producer: sleeps until this consumer's demand word moves from `seen` or `timeout`
+    /// passes (a word already moved returns at once).
+    pub fn wait_for_demand(&self, seen: u32, timeout: std::time::Duration) {
+        sys::futex_wait(&self.words().demand_word, seen, timeout);
+    }
+
+    /// Producer: puts the cursor and the demand at `at` and clears the lease, for a consumer
+    /// (re)attached at `at`. Only while the consumer does not use the page (before
+    /// `Welcome`, or while it waits for `Rejoined`).
     pub(crate) fn reattach(&self, at: u64) {
         let words = self.words();
         words.cursor.store(at, Ordering::SeqCst);
         words.cursor_word.store(at as u32, Ordering::SeqCst);
+        words.demand.store(at, Ordering::SeqCst);
+        words.demand_word.store(at as u32, Ordering::SeqCst);
         words
             .lease
             .store(protocol_core::lease_word(at, 0), Ordering::SeqCst);

@@ -98,6 +98,15 @@ pub enum Gate<'r> {
     },
     /// These readers broke the protocol: detach them (nothing was decided).
     Violations(Vec<Violation>),
+    /// The next sequence lies `read_ahead` or more beyond what any reader has asked for
+    /// ([`ProducerRing::try_loan_within`]): decoding it now could be wasted. Sleep on the
+    /// page of the reader that asked for the most until its demand word moves from `word`.
+    Ahead {
+        /// That reader's page.
+        page: Arc<CursorPage>,
+        /// Its demand word as read before the decision.
+        word: u32,
+    },
 }
 
 /// [`Readers::attach`] refused: the start lies below sequences already lent.
@@ -203,7 +212,17 @@ impl ProducerRing {
     }
 
     /// Lends the next sequence's slot if every attached reader allows it; see the module docs.
+    /// No read-ahead limit: the producer may decode as far as the ring allows.
     pub fn try_loan(&self, readers: &Readers) -> Gate<'_> {
+        self.try_loan_within(readers, u64::MAX)
+    }
+
+    /// [`ProducerRing::try_loan`] that also keeps the next sequence below the furthest any
+    /// reader has asked for (its *demand*, the end of the batch it reserved last) plus
+    /// `read_ahead`: the feed decodes what will be read, a bounded amount ahead, not a
+    /// ring's worth. A reader waiting for a batch has asked for its end, so it always gets
+    /// it: the limit never stalls a reader, only decoding nobody asked for yet.
+    pub fn try_loan_within(&self, readers: &Readers, read_ahead: u64) -> Gate<'_> {
         assert_eq!(
             readers.ring,
             self.id(),
@@ -213,8 +232,16 @@ impl ProducerRing {
         let mut publisher = self.publisher();
         let (seq, head) = (publisher.next, publisher.head);
         let mut slowest: Option<(&Reader, u64)> = None;
+        // The reader that asked for the most, with its demand word read before its demand
+        // (a later change makes the word differ, so a sleep on it cannot miss the change).
+        let mut furthest: Option<(&Reader, u32, u64)> = None;
         let mut violations = Vec::new();
         for reader in &readers.list {
+            let word = reader.page.demand_word();
+            let demand = reader.page.demand();
+            if furthest.is_none_or(|(_, _, d)| demand > d) {
+                furthest = Some((reader, word, demand));
+            }
             // Read once: every decision below uses this value.
             let cursor = reader.page.cursor();
             if cursor < reader.floor || cursor > head.max(reader.floor) {
@@ -241,6 +268,14 @@ impl ProducerRing {
                 id: reader.id,
                 cursor,
                 page: reader.page.clone(),
+            };
+        }
+        if let Some((reader, word, demand)) = furthest
+            && seq >= demand.saturating_add(read_ahead)
+        {
+            return Gate::Ahead {
+                page: reader.page.clone(),
+                word,
             };
         }
         publisher.next += 1;
@@ -359,6 +394,47 @@ mod tests {
         let (ring, readers) = ring();
         assert!(matches!(ring.try_loan(&readers), Gate::Idle));
         assert!(ring.readers().is_none(), "a second reader set");
+    }
+
+    #[test]
+    fn loans_stop_a_read_ahead_beyond_the_furthest_demand_and_a_raise_lets_them_go_on() {
+        let (ring, mut readers) = ring();
+        let slow = Arc::new(CursorPage::create(0).unwrap());
+        let fast = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, slow.clone(), None).unwrap();
+        readers.attach(&ring, 2, fast.clone(), None).unwrap();
+        let mut take = |n: u64| {
+            let mut seqs = Vec::new();
+            loop {
+                match ring.try_loan_within(&readers, 4) {
+                    Gate::Loan(loan) => {
+                        seqs.push(loan.seq());
+                        loan.commit(0);
+                    }
+                    Gate::Ahead { page, word } => {
+                        assert_eq!(word, page.demand() as u32);
+                        return (seqs, Arc::ptr_eq(&page, &fast));
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert!(seqs.len() as u64 <= n, "past the read-ahead: {seqs:?}");
+            }
+        };
+        // Attached at 0, nothing asked for: a warm-up of the read-ahead.
+        assert_eq!(take(4).0, [0, 1, 2, 3]);
+        // The furthest demand counts (the slower reader's does not hold it back), and the
+        // producer sleeps on the page of the reader that asked for the most.
+        slow.raise_demand(2);
+        fast.raise_demand(10);
+        let (seqs, on_fast) = take(10);
+        assert_eq!(seqs, (4..14).collect::<Vec<_>>());
+        assert!(on_fast);
+        // Demand only grows.
+        fast.raise_demand(3);
+        assert_eq!(fast.demand(), 10);
+        assert!(take(0).0.is_empty());
+        // Without a limit, as far as the ring allows.
+        assert!(matches!(ring.try_loan(&readers), Gate::Loan(l) if l.seq() == 14));
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl Consumer {
                 }
                 state.next_seq = first + count;
                 state.held.insert(first);
+                self.cursor.raise_demand(first + count);
                 (first, count, state.generation)
             };
             if let Err(e) = self.wait_for(first + count) {

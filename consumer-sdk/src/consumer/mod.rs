@@ -304,6 +304,8 @@ impl Consumer {
         // Tracked before it is handed out: the cursor must not pass it.
         state.next_seq = next + count;
         state.held.insert(next);
+        // Asked for: the producer decodes its read-ahead beyond the furthest demand.
+        self.cursor.raise_demand(next + count);
         Ok(Reserve::Batch {
             first: next,
             count,
@@ -519,6 +521,7 @@ impl Consumer {
 
     /// [`Consumer::wait_for`] that gives up at `deadline`: `Ok(false)` when it passed first.
     fn wait_until(&self, end: u64, deadline: Option<Instant>) -> Result<bool, ConsumerError> {
+        self.cursor.raise_demand(end);
         loop {
             let head = self.ring.head();
             if head >= end {
