@@ -321,6 +321,24 @@ fn report_gpus(gpus: &[GpuInfo], mps_running: bool) {
     }
 }
 
+/// How long a starting daemon retries the state directory's lock before it says another
+/// daemon runs there: a process that forked in the moment the previous daemon let go holds
+/// the lock's open file until it execs (the same process's other threads, in tests).
+const LOCK_RETRY: Duration = Duration::from_secs(2);
+
+/// Takes the state directory's lock, retrying for [`LOCK_RETRY`]; `Ok(None)` when another
+/// daemon holds it all that time.
+fn lock_state_dir(dir: &Path) -> std::io::Result<Option<std::fs::File>> {
+    let deadline = Instant::now() + LOCK_RETRY;
+    loop {
+        match sys::lock_file(&dir.join("lock"))? {
+            Some(lock) => return Ok(Some(lock)),
+            None if Instant::now() >= deadline => return Ok(None),
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Runs the daemon until `stop` is set (SIGINT/SIGTERM in `ladle scheduler`). Running jobs
 /// are left running when it stops, and the next daemon on the same directory adopts them,
 /// unless [`DaemonConfig::stop_jobs`] says to stop them first (then it returns once they
@@ -339,9 +357,9 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         .mode(0o700)
         .create(&dir)
         .map_err(dir_err(&dir))?;
-    let _lock = sys::lock_file(&dir.join("lock"))
-        .map_err(dir_err(&dir.join("lock")))?
-        .ok_or_else(|| DaemonError::AlreadyRunning(dir.clone()))?;
+    let Some(_lock) = lock_state_dir(&dir).map_err(dir_err(&dir.join("lock")))? else {
+        return Err(DaemonError::AlreadyRunning(dir.clone()));
+    };
     std::fs::create_dir_all(dir.join("jobs")).map_err(dir_err(&dir.join("jobs")))?;
     if let Some(logs) = &config.log_dir {
         std::fs::create_dir_all(logs).map_err(dir_err(logs))?;
