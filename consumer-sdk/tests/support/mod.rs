@@ -367,7 +367,9 @@ fn serve_letting_go(sock: &UnixStream, len: u64, shared: &Shared) {
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Gate::Idle | Gate::Violations(_) | Gate::Ahead { .. } => std::thread::sleep(Duration::from_millis(2)),
+            Gate::Idle | Gate::Violations(_) | Gate::Ahead { .. } => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
         }
     }
 }
