@@ -403,7 +403,7 @@ mod tests {
         let fast = Arc::new(CursorPage::create(0).unwrap());
         readers.attach(&ring, 1, slow.clone(), None).unwrap();
         readers.attach(&ring, 2, fast.clone(), None).unwrap();
-        let mut take = |n: u64| {
+        let take = |n: u64| {
             let mut seqs = Vec::new();
             loop {
                 match ring.try_loan_within(&readers, 4) {
