@@ -109,6 +109,9 @@ pub(crate) struct ConsumeSummary {
     pub(crate) samples_per_s: f64,
     /// Wall-clock seconds of the whole run.
     pub(crate) seconds: f64,
+    /// Seconds spent waiting for data (batches not yet decoded when asked for).
+    #[serde(default)]
+    pub(crate) waited_s: f64,
 }
 
 impl Record for ConsumeSummary {
@@ -181,7 +184,7 @@ mod tests {
 
     // Lines as the commands printed them before their records were typed.
     const EPOCH: &str = r#"{"bad_samples":0,"batches":4,"complete":true,"consumer_id":1,"epoch":0,"exact_coverage":true,"samples":100,"samples_per_s":1234.5,"seconds":0.081,"start_seq":0}"#;
-    const SUMMARY: &str = r#"{"bad_samples":0,"corrupted_batches":0,"epochs":1,"overwritten_batches":0,"rejoins":0,"samples":100,"samples_per_s":1200.25,"seconds":0.0833}"#;
+    const SUMMARY: &str = r#"{"bad_samples":0,"corrupted_batches":0,"epochs":1,"overwritten_batches":0,"rejoins":0,"samples":100,"samples_per_s":1200.25,"seconds":0.0833,"waited_s":0.5}"#;
     const SERVE: &str =
         r#"{"bad_samples":2,"published":4096,"samples_per_s":950.0,"seconds":4.3115}"#;
     const PRIVATE: &str =
@@ -196,6 +199,9 @@ mod tests {
     fn every_record_reads_and_prints_the_lines_as_they_were_before_it_was_typed() {
         round_trip::<EpochRecord>(EPOCH);
         round_trip::<ConsumeSummary>(SUMMARY);
+        // A summary printed before `waited_s` existed still reads (as 0).
+        let before = SUMMARY.replace(r#","waited_s":0.5"#, "");
+        assert_eq!(ConsumeSummary::from_line(&before).unwrap().waited_s, 0.0);
         round_trip::<ServeSummary>(SERVE);
         round_trip::<PrivateRecord>(PRIVATE);
     }

@@ -11,7 +11,8 @@
 //!   most recent finished ones;
 //! - per feed: samples published, decode rate, bad samples, ring occupancy of capacity,
 //!   the producer's CPU use in cores; then its consumers: batch size, epochs, samples/s, lag,
-//!   seconds it has held the feed back (`HOLDING` while it does so now), rejoins;
+//!   seconds it has held the feed back (`HOLDING` while it does so now), seconds it has
+//!   waited for data, rejoins;
 //! - a footer, in red, with whatever could not be read this time (a feed or the scheduler
 //!   that stopped answering): the view goes on with what did answer.
 //!
@@ -562,6 +563,7 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
                 Cell::from(format!("{:.0}", c.samples_per_s)),
                 Cell::from(c.lag.to_string()),
                 held,
+                Cell::from(format!("{:.1}", c.waited_s)),
                 Cell::from(c.rejoins.to_string()),
                 Cell::from(if c.attached { "" } else { "let go" }),
             ])
@@ -575,6 +577,7 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
         Constraint::Length(10),
         Constraint::Length(8),
         Constraint::Length(17),
+        Constraint::Length(9),
         Constraint::Length(8),
         Constraint::Min(6),
     ];
@@ -587,6 +590,7 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
             "samples/s",
             "lag",
             "held back s",
+            "waited s",
             "rejoins",
             "",
         ]))
@@ -677,6 +681,7 @@ mod tests {
             lag: 48,
             attached: true,
             held_back_s: 3.25,
+            waited_s: 1.5,
             holding_back,
             rejoins: 0,
         };

@@ -30,6 +30,7 @@
 //! | `ladle_consumer_epochs` | feed, consumer, consumer_id | epochs completed (fractional) |
 //! | `ladle_consumer_batch_size` | feed, consumer, consumer_id | its batch size |
 //! | `ladle_consumer_held_back_seconds_total` | feed, consumer, consumer_id | time the producer waited on it alone |
+//! | `ladle_consumer_waited_seconds_total` | feed, consumer, consumer_id | time it waited for data (its own count) |
 //! | `ladle_consumer_holding_back` | feed, consumer, consumer_id | 1 while it holds the feed back |
 //! | `ladle_consumer_attached` | feed, consumer, consumer_id | 1 while its cursor gates the producer (0 while let go) |
 //! | `ladle_consumer_rejoins_total` | feed, consumer, consumer_id | times it was let go and rejoined |
@@ -292,6 +293,11 @@ fn consumers(b: &mut Builder, rows: &Rows) {
         "Time the producer waited on this consumer alone",
         Some(Unit::Seconds),
     );
+    let waited = b.counter(
+        "consumer_waited",
+        "Time this consumer waited for data (its own count)",
+        Some(Unit::Seconds),
+    );
     let holding = b.gauge(
         "consumer_holding_back",
         "1 while the consumer holds the feed back",
@@ -319,6 +325,7 @@ fn consumers(b: &mut Builder, rows: &Rows) {
         set(&epochs, &l, c.epochs);
         set(&batch, &l, f64::from(c.batch_size));
         count(&held, &l, c.held_back_s);
+        count(&waited, &l, c.waited_s);
         set(&holding, &l, flag(c.holding_back));
         set(&attached, &l, flag(c.attached));
         count(&rejoins, &l, f64::from(c.rejoins));
@@ -497,6 +504,7 @@ mod tests {
                 lag: 134,
                 attached: true,
                 held_back_s: 0.75,
+                waited_s: 2.5,
                 holding_back: false,
                 rejoins: 1,
             }],
@@ -652,6 +660,11 @@ mod tests {
                 "ladle_consumer_held_back_seconds_total",
                 &[("consumer_id", "7")],
                 0.75,
+            ),
+            (
+                "ladle_consumer_waited_seconds_total",
+                &[("consumer_id", "7")],
+                2.5,
             ),
             ("ladle_consumer_holding_back", &[("consumer_id", "7")], 0.0),
             ("ladle_consumer_attached", &[("consumer_id", "7")], 1.0),

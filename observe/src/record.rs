@@ -306,6 +306,7 @@ mod tests {
                 lag: 3,
                 attached: true,
                 held_back_s: 0.0,
+                waited_s: 0.0,
                 holding_back: false,
                 rejoins: 0,
             }],

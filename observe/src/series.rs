@@ -100,6 +100,9 @@ pub struct ConsumerRow {
     pub attached: bool,
     /// Seconds it has held the feed back in all.
     pub held_back_s: f64,
+    /// Seconds it has waited for data in all (its own count).
+    #[serde(default)]
+    pub waited_s: f64,
     /// Whether it holds the feed back right now.
     pub holding_back: bool,
     /// Times it was let go and rejoined.
@@ -268,6 +271,7 @@ impl Rates {
                     lag: c.lag,
                     attached: c.attached,
                     held_back_s: c.held_back_s,
+                    waited_s: c.waited_s,
                     holding_back: c.holding_back_s.is_some(),
                     rejoins: c.rejoins,
                 });
@@ -408,6 +412,7 @@ mod tests {
                 attached: true,
                 holding_back_s: None,
                 held_back_s: 0.5,
+                waited_s: 0.25,
                 rejoins: 0,
             }],
             consumers_omitted: 0,

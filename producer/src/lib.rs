@@ -540,6 +540,7 @@ impl Shared {
                     attached: m.attached,
                     holding_back_s: holding.map(|d| d.as_secs_f64()),
                     held_back_s: (m.held_back + holding.unwrap_or_default()).as_secs_f64(),
+                    waited_s: m.page.waited().as_secs_f64(),
                     rejoins: m.rejoins,
                 }
             })

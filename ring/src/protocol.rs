@@ -50,6 +50,9 @@
 //! Version 7: a consumer's cursor page holds its *demand* (the end of the last span it
 //! reserved), and the producer decodes at most its read-ahead beyond its consumers' largest
 //! demand instead of as far as the ring allows.
+//!
+//! Version 8: a consumer's cursor page counts the time it waited for data, and `Stats`
+//! reports it (`ConsumerInfo::waited_s`) beside the time it held the feed back.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -62,7 +65,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -323,6 +326,10 @@ pub struct ConsumerInfo {
     pub holding_back_s: Option<f64>,
     /// Seconds it has held the feed back in all (the producer waiting on it alone).
     pub held_back_s: f64,
+    /// Seconds it has waited for data in all (a batch not yet published when it asked), as
+    /// it counts them itself.
+    #[serde(default)]
+    pub waited_s: f64,
     /// Times it was let go and rejoined.
     pub rejoins: u32,
 }
@@ -548,6 +555,7 @@ mod tests {
             attached: true,
             holding_back_s: Some(1e9),
             held_back_s: 1e9,
+            waited_s: 1e9,
             rejoins: u32::MAX,
         };
         let mut stats = FeedStats {

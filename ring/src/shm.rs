@@ -58,6 +58,9 @@ struct CursorWords {
     /// Low 32 bits of `demand`, the futex word the producer sleeps on while it is that far
     /// ahead.
     demand_word: AtomicU32,
+    /// Nanoseconds the consumer has waited for data in all (a batch not yet published when
+    /// it asked): the other side of the producer's "held back" (protocol version 8).
+    waited_ns: AtomicU64,
 }
 
 /// The double-mapped sample regions: one per schema field, then the indices and the flags.
@@ -487,6 +490,18 @@ impl CursorPage {
             words.demand_word.store(end as u32, Ordering::SeqCst);
             sys::futex_wake_all(&words.demand_word);
         }
+    }
+
+    /// Consumer: counts `waited` more time spent waiting for data.
+    pub fn add_waited(&self, waited: std::time::Duration) {
+        let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.words().waited_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// How long this consumer has waited for data in all, as it says (a consumer's own
+    /// count: a figure for reports, never for a decision that must hold against it).
+    pub fn waited(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.words().waited_ns.load(Ordering::Relaxed))
     }
 
     /// What this consumer has asked for ([`CursorPage::raise_demand`]).

@@ -81,3 +81,37 @@ fn a_bad_read_ahead_is_refused_naming_the_option() {
         assert!(done.stderr.contains("read-ahead"), "{}", done.stderr);
     }
 }
+
+#[test]
+fn stats_show_the_slow_consumer_holding_the_feed_back_and_the_fast_one_waiting_for_data() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 24, 20);
+    // A ring of about 80 samples of 64 px: the fast consumer cannot run far ahead.
+    fx.serve(
+        &data,
+        &["--image-size", "64", "--ring-mib", "1", "--threads", "2"],
+    );
+    fx.consume(8, 1000, &["--name", "slow", "--step-ms", "40"]);
+    fx.consume(8, 1000, &["--name", "fast"]);
+    let by_name = |s: &ladle_ring::protocol::FeedStats, name: &str| {
+        s.consumers
+            .iter()
+            .find(|c| c.name == format!("{name:?}"))
+            .cloned()
+    };
+    let stats = fx.wait_for_stats("the fast consumer waited a second for data", |s| {
+        by_name(s, "fast").is_some_and(|c| c.waited_s >= 1.0)
+            && by_name(s, "slow").is_some_and(|c| c.held_back_s >= 0.5)
+    });
+    let (slow, fast) = (
+        by_name(&stats, "slow").unwrap(),
+        by_name(&stats, "fast").unwrap(),
+    );
+    // The slow one spends its time in its step, not waiting; the fast one waits on it.
+    assert!(
+        slow.waited_s < fast.waited_s / 2.0,
+        "slow waited {} s, fast {} s",
+        slow.waited_s,
+        fast.waited_s
+    );
+}

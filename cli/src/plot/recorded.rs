@@ -364,6 +364,7 @@ mod tests {
             lag: 0,
             attached: true,
             held_back_s: value,
+            waited_s: value,
             holding_back: false,
             rejoins: 0,
         }

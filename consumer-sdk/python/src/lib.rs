@@ -352,6 +352,13 @@ impl PyConsumer {
         self.inner.rejoins()
     }
 
+    /// Seconds this consumer has waited for data in all: time its batches were not yet
+    /// decoded when it asked (the rest is the training loop's own).
+    #[getter]
+    fn waited_seconds(&self) -> f64 {
+        self.inner.waited().as_secs_f64()
+    }
+
     #[getter]
     fn socket(&self) -> PathBuf {
         self.inner.socket().to_path_buf()

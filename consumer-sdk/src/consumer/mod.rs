@@ -241,6 +241,12 @@ impl Consumer {
         self.start_seq
     }
 
+    /// How long this consumer has waited for data in all: time its batches were not yet
+    /// decoded when it asked (the rest of its time is its own, its training step's).
+    pub fn waited(&self) -> Duration {
+        self.cursor.waited()
+    }
+
     /// How many times the producer let this consumer go (it held the feed back without
     /// taking a batch for the producer's stall timeout) and it rejoined.
     pub fn rejoins(&self) -> u64 {
@@ -522,6 +528,18 @@ impl Consumer {
     /// [`Consumer::wait_for`] that gives up at `deadline`: `Ok(false)` when it passed first.
     fn wait_until(&self, end: u64, deadline: Option<Instant>) -> Result<bool, ConsumerError> {
         self.cursor.raise_demand(end);
+        if self.ring.head() >= end {
+            return Ok(true);
+        }
+        // Waiting for data: counted in the cursor page (`Stats`, the cost report).
+        let started = Instant::now();
+        let waited = self.wait_for_head(end, deadline);
+        self.cursor.add_waited(started.elapsed());
+        waited
+    }
+
+    /// [`Consumer::wait_until`]'s loop.
+    fn wait_for_head(&self, end: u64, deadline: Option<Instant>) -> Result<bool, ConsumerError> {
         loop {
             let head = self.ring.head();
             if head >= end {

@@ -224,6 +224,9 @@ class Consumer:
     def rejoins(self) -> int:
         """Times the producer let this consumer go after a long pause and it rejoined."""
     @property
+    def waited_seconds(self) -> float:
+        """Seconds this consumer waited for data in all (batches not yet decoded)."""
+    @property
     def socket(self) -> str: ...
     def _images_region(self) -> tuple[int, int]: ...
 
