@@ -449,6 +449,9 @@ fn a_group_restarted_as_a_whole_from_its_ranks_positions_finishes_the_epoch_exac
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    // The producer has seen the first incarnation go (its ranks' numbers are free again: a
+    // rank still running refuses a second of the same number).
+    fx.wait_for_stats("the first incarnation left", |s| s.consumers.is_empty());
     // Second incarnation: each rank loads its own position and finishes the epoch.
     let second: Vec<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
