@@ -309,6 +309,9 @@ fn a_rank_killed_gives_the_other_ranks_group_broken_promptly() {
                 }
             }
         }
+        // All three ranks are welcomed (a rank killed while another is still being
+        // welcomed breaks the group before it starts, for that one).
+        fx.wait_for_stats("all three ranks joined", |s| s.consumers.len() == 3);
         fx.signal(killed, 9);
         let killed_at = Instant::now();
         let (error, at) = read_until_broken(&me);
