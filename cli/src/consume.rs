@@ -328,6 +328,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             samples_per_s: rate,
             seconds: started.elapsed().as_secs_f64(),
             waited_s: consumer.waited().as_secs_f64(),
+            skims: consumer.skims(),
         }
         .print()?;
     } else {

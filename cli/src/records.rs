@@ -112,6 +112,9 @@ pub(crate) struct ConsumeSummary {
     /// Seconds spent waiting for data (batches not yet decoded when asked for).
     #[serde(default)]
     pub(crate) waited_s: f64,
+    /// Times the producer asked it to skim (it held the others back).
+    #[serde(default)]
+    pub(crate) skims: u64,
 }
 
 impl Record for ConsumeSummary {

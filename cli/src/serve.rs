@@ -82,6 +82,12 @@ pub(crate) struct FeedOptions {
     /// samples nobody may read).
     #[arg(long, value_name = "N|auto|ring", default_value = "auto")]
     read_ahead: ladle_producer::ReadAhead,
+    /// How consumers of different paces share the feed: `skim` (a consumer that keeps the
+    /// others waiting for data, a quarter of a 2 s window or more, stops gating the feed and
+    /// copies what its epoch still needs as the samples pass; it paces the feed again when the
+    /// feed no longer outruns it) or `lockstep` (every run goes at the slowest one's pace).
+    #[arg(long, value_name = "skim|lockstep", default_value = "skim")]
+    pacing: ladle_producer::Pacing,
 }
 
 impl FeedOptions {
@@ -136,6 +142,7 @@ impl FeedOptions {
                 })
                 .transpose()?,
             read_ahead: self.read_ahead,
+            pacing: self.pacing,
         };
         Ok((dataset, config))
     }

@@ -565,7 +565,13 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
                 held,
                 Cell::from(format!("{:.1}", c.waited_s)),
                 Cell::from(c.rejoins.to_string()),
-                Cell::from(if c.attached { "" } else { "let go" }),
+                Cell::from(if c.skimming {
+                    "skims"
+                } else if c.attached {
+                    ""
+                } else {
+                    "let go"
+                }),
             ])
         })
         .collect();
@@ -684,6 +690,7 @@ mod tests {
             waited_s: 1.5,
             holding_back,
             rejoins: 0,
+            skimming: false,
         };
         Rows {
             time,

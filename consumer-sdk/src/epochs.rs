@@ -13,9 +13,11 @@
 //! rejoin after a let-go, a resumed position and a rank of a group differ only in their plan
 //! and in where their window starts.
 //!
-//! Made with the pacing issue's decode lanes in mind: a consumer moved to another stream of
-//! the same feed is a consumer attached again at a new sequence, which is what
-//! [`Epochs::rejoined`] already handles (the epoch in progress goes on in the new window).
+//! A *skimming* consumer (one that held the others back, moved off the feed's pace: see
+//! [`Epochs::skim`]) has no windows: each epoch gathers what it still wants from whatever
+//! passes, for as long as that takes (every producer-epoch holds every index, so it always
+//! completes), and the next epoch begins where it ended. Attached again, it is a consumer
+//! that rejoined ([`Epochs::rejoined`]).
 
 use crate::plan::{Bitmap, EpochPlan, GroupSpec, PlanError};
 
@@ -44,6 +46,8 @@ pub struct Epochs {
     /// The current epoch is gathered: only what its plan still wants is delivered, copied
     /// out of its window (after a rejoin mid-epoch, a resume, and always for a rank).
     gathered: bool,
+    /// Skimming: every epoch is gathered from whatever passes, with no window.
+    skimming: bool,
 }
 
 /// An epoch that began: its number and the first sequence of its window (`None`: past
@@ -97,6 +101,7 @@ impl Epochs {
             resume: None,
             samples: 0,
             gathered: false,
+            skimming: false,
         })
     }
 
@@ -115,7 +120,7 @@ impl Epochs {
         if let Some(delivered) = resume {
             self.plan.restore(&delivered)?;
         }
-        self.gathered = self.group.is_some() || self.plan.delivered() > 0;
+        self.gathered = self.skimming || self.group.is_some() || self.plan.delivered() > 0;
         let remaining = self.plan.remaining();
         self.samples = if self.drop_last {
             remaining - remaining % self.batch
@@ -126,6 +131,21 @@ impl Epochs {
             number,
             start: self.start(number),
         })
+    }
+
+    /// The consumer skims from now on (it holds the feed back no more): the epoch in
+    /// progress and every later one gather what they want from whatever passes, with no
+    /// window, until complete ([`Epochs::rejoined`] ends it).
+    pub fn skim(&mut self) {
+        self.skimming = true;
+        if self.current.is_some() && !self.plan.is_complete() {
+            self.gathered = true;
+        }
+    }
+
+    /// Whether the consumer skims.
+    pub fn skimming(&self) -> bool {
+        self.skimming
     }
 
     /// The epoch begun last.
@@ -202,13 +222,14 @@ impl Epochs {
         }
     }
 
-    /// The producer let this consumer go and attached it again at sequence `start`. The
+    /// The producer let this consumer go (or it skimmed) and attached it again at sequence `start`. The
     /// epoch in progress goes on in the window `[start, start + N)` (gathered: only what it
     /// has not delivered) when it has delivered part of its plan; an epoch that delivered
     /// nothing starts over at `start`; otherwise the next epoch will start there. Returns the
     /// sequence to read from (`start`, or further when the window would start before the
     /// first epoch's), or `Err(number)` when that epoch would start past 2^64.
     pub fn rejoined(&mut self, start: u64) -> Result<u64, u64> {
+        self.skimming = false;
         let gathered = self.group.is_some();
         let (number, gathered) = match self.current {
             Some(k) if self.plan.delivered() > 0 && !self.plan.is_complete() => (k, true),
@@ -326,6 +347,36 @@ mod tests {
                 number: 1,
                 start: Some(61)
             }
+        );
+    }
+
+    #[test]
+    fn a_skimming_consumer_gathers_every_epoch_and_a_rejoin_brings_its_windows_back() {
+        let mut e = Epochs::new(10, 0, None, 4, false).unwrap();
+        e.skim();
+        assert!(e.skimming() && !e.gathered(), "no epoch begun yet");
+        e.begin().unwrap();
+        assert!(e.gathered(), "a skimmed epoch is gathered");
+        for i in 0..4 {
+            assert!(e.deliver(i));
+        }
+        assert!(!e.deliver(2), "once per epoch");
+        assert_eq!(e.rejoined(50), Ok(50));
+        assert!(
+            !e.skimming() && e.gathered(),
+            "the rest in the window from 50"
+        );
+        assert_eq!(e.end(0), Some(60));
+        for i in 4..10 {
+            e.deliver(i);
+        }
+        assert!(e.is_complete());
+        e.skim();
+        assert!(!e.deliver(3), "a complete epoch takes nothing");
+        e.begin().unwrap();
+        assert!(
+            e.gathered() && e.deliver(3),
+            "the next epoch wants everything again"
         );
     }
 

@@ -132,6 +132,7 @@ mod error;
 mod fields;
 pub mod plan;
 pub mod position;
+pub mod skim;
 
 pub use config::{CONNECT_TIMEOUT_ENV, ConsumerConfig, DEFAULT_GROUP_TIMEOUT, RUN_ENV, SOCKET_ENV};
 pub use consumer::{

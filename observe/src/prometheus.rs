@@ -34,6 +34,7 @@
 //! | `ladle_consumer_holding_back` | feed, consumer, consumer_id | 1 while it holds the feed back |
 //! | `ladle_consumer_attached` | feed, consumer, consumer_id | 1 while its cursor gates the producer (0 while let go) |
 //! | `ladle_consumer_rejoins_total` | feed, consumer, consumer_id | times it was let go and rejoined |
+//! | `ladle_consumer_skimming` | feed, consumer, consumer_id | 1 while it skims: it held the others back, gates the feed no more and copies what its epoch needs as the samples pass |
 //! | `ladle_scheduler_info` | policy | 1; the admission policy |
 //! | `ladle_scheduler_jobs` | state | jobs by state: `queued` (the queue's length), `running`, `succeeded`, `failed` (failed, cancelled or interrupted) |
 //! | `ladle_scheduler_admissions_total` | | attempts started (each one an admission) |
@@ -313,6 +314,11 @@ fn consumers(b: &mut Builder, rows: &Rows) {
         "Times the consumer was let go and rejoined",
         None,
     );
+    let skimming = b.gauge(
+        "consumer_skimming",
+        "1 while the consumer skims: it held the others back, gates the feed no more and copies what its epoch needs as the samples pass",
+        None,
+    );
     for c in &rows.consumers {
         let l: Labels = vec![
             ("feed", c.feed.clone()),
@@ -329,6 +335,7 @@ fn consumers(b: &mut Builder, rows: &Rows) {
         set(&holding, &l, flag(c.holding_back));
         set(&attached, &l, flag(c.attached));
         count(&rejoins, &l, f64::from(c.rejoins));
+        set(&skimming, &l, flag(c.skimming));
     }
 }
 
@@ -507,6 +514,7 @@ mod tests {
                 waited_s: 2.5,
                 holding_back: false,
                 rejoins: 1,
+                skimming: true,
             }],
             scheduler: Some(SchedulerRow {
                 time: 1.0,
@@ -668,6 +676,7 @@ mod tests {
             ),
             ("ladle_consumer_holding_back", &[("consumer_id", "7")], 0.0),
             ("ladle_consumer_attached", &[("consumer_id", "7")], 1.0),
+            ("ladle_consumer_skimming", &[("consumer_id", "7")], 1.0),
             ("ladle_consumer_rejoins_total", &[("consumer_id", "7")], 1.0),
             (
                 "ladle_scheduler_info",

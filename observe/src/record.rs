@@ -309,6 +309,7 @@ mod tests {
                 waited_s: 0.0,
                 holding_back: false,
                 rejoins: 0,
+                skimming: false,
             }],
             scheduler: Some(SchedulerRow {
                 time,

@@ -107,6 +107,10 @@ pub struct ConsumerRow {
     pub holding_back: bool,
     /// Times it was let go and rejoined.
     pub rejoins: u32,
+    /// Whether it skims: it stopped gating the feed (it held the others back) and copies
+    /// what its epoch still needs as the samples pass.
+    #[serde(default)]
+    pub skimming: bool,
 }
 
 /// The scheduler at one instant.
@@ -274,6 +278,7 @@ impl Rates {
                     waited_s: c.waited_s,
                     holding_back: c.holding_back_s.is_some(),
                     rejoins: c.rejoins,
+                    skimming: c.skimming,
                 });
             }
             self.last.insert(feed.clone(), stats.clone());
@@ -414,6 +419,8 @@ mod tests {
                 held_back_s: 0.5,
                 waited_s: 0.25,
                 rejoins: 0,
+                skimming: false,
+                skims: 0,
             }],
             consumers_omitted: 0,
         }

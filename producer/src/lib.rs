@@ -59,6 +59,7 @@
 
 mod feed;
 mod groups;
+mod pacing;
 pub mod server;
 pub mod workers;
 
@@ -80,6 +81,8 @@ use ladle_ring::{
 };
 
 use crate::feed::{CutPoints, Feed};
+pub use crate::pacing::Pacing;
+use crate::pacing::{Pacer, PacingRule};
 
 /// The default [`ProducerConfig::stall_timeout`].
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -114,6 +117,8 @@ pub struct ProducerConfig {
     pub keep_alive: Option<Duration>,
     /// How far ahead of its consumers the feed decodes.
     pub read_ahead: ReadAhead,
+    /// Whether a consumer that keeps holding the others back is asked to skim.
+    pub pacing: Pacing,
 }
 
 /// How far ahead of what its consumers asked for a feed decodes: samples decoded beyond that
@@ -176,6 +181,7 @@ impl Default for ProducerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             keep_alive: None,
             read_ahead: ReadAhead::Auto,
+            pacing: Pacing::Skim,
         }
     }
 }
@@ -261,6 +267,14 @@ pub(crate) struct Member {
     pub(crate) held_back: Duration,
     /// Times it rejoined after a let-go.
     pub(crate) rejoins: u32,
+    /// Asked to skim (its cursor page says so) and not attached again since.
+    pub(crate) skim_asked: bool,
+    /// Skimming: it said `Skim`, its cursor no longer gates the feed.
+    pub(crate) skimming: bool,
+    /// Times it was moved to skimming.
+    pub(crate) skims: u32,
+    /// Its page's delivered count when it began to skim.
+    pub(crate) delivered_base: u64,
 }
 
 impl Member {
@@ -287,6 +301,19 @@ impl Member {
             joined: Instant::now(),
             held_back: Duration::ZERO,
             rejoins: 0,
+            skim_asked: false,
+            skimming: false,
+            skims: 0,
+            delivered_base: 0,
+        }
+    }
+
+    /// What it delivered while skimming (since it began to).
+    pub(crate) fn skimmed(&self) -> u64 {
+        if self.skimming {
+            self.page.delivered().saturating_sub(self.delivered_base)
+        } else {
+            0
         }
     }
 
@@ -297,9 +324,10 @@ impl Member {
         }
     }
 
-    /// What it has released, over all its attachments.
+    /// What it has released, over all its attachments (while skimming: what it delivered).
     fn released(&self) -> u64 {
         self.released_before
+            + self.skimmed()
             + if self.attached {
                 self.page.cursor().saturating_sub(self.start)
             } else {
@@ -355,6 +383,7 @@ pub(crate) struct Shared {
     pub(crate) consumed: AtomicU64,
     pub(crate) stall_timeout: Duration,
     pub(crate) read_ahead: ReadAhead,
+    pub(crate) pacing: Pacing,
     pub(crate) keep_alive: Option<Duration>,
     pub(crate) max_connections: usize,
     /// Connection threads alive.
@@ -366,6 +395,8 @@ pub(crate) struct Shared {
     pub(crate) joins: AtomicU64,
     leaves: AtomicU64,
     let_gos: AtomicU64,
+    /// Consumers moved to skimming since the start.
+    pub(crate) skims: AtomicU64,
 }
 
 impl Shared {
@@ -399,6 +430,7 @@ impl Shared {
             state.cuts.remove(m.start % self.info.len);
             self.count_consumed(&m);
         }
+        self.consumed.fetch_add(m.skimmed(), Ordering::Relaxed);
         Some(m)
     }
 
@@ -542,6 +574,8 @@ impl Shared {
                     held_back_s: (m.held_back + holding.unwrap_or_default()).as_secs_f64(),
                     waited_s: m.page.waited().as_secs_f64(),
                     rejoins: m.rejoins,
+                    skimming: m.skimming,
+                    skims: m.skims,
                 }
             })
             .collect();
@@ -573,6 +607,66 @@ impl Shared {
             consumers,
             consumers_omitted: 0,
         }
+    }
+
+    /// Asks a consumer that held the others back to skim (the pacing rule decided it).
+    fn ask_to_skim(&self, state: &mut State, ask: pacing::AskToSkim) {
+        let Some(m) = state.members.iter_mut().find(|m| m.id == ask.id) else {
+            return;
+        };
+        if !m.attached || m.skim_asked {
+            return;
+        }
+        m.skim_asked = true;
+        m.page.ask_to_skim();
+        tracing::info!(
+            consumer = m.id,
+            name = %m.name,
+            "asking the consumer to skim: it held the others back {:.1} s of the last {:.1} s \
+             while they waited for data",
+            ask.held.as_secs_f64(),
+            ask.window.as_secs_f64()
+        );
+    }
+
+    /// Consumer `id`, asked to skim, holds no batch of the ring any more: its cursor stops
+    /// gating the feed (and its cut point dissolves), it copies what it needs as it passes.
+    pub(crate) fn skim(&self, id: u64) -> Result<(), String> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let m = (state.members.iter_mut())
+            .find(|m| m.id == id)
+            .ok_or("Skim from an unknown consumer")?;
+        if !m.skim_asked {
+            return Err("sent Skim without being asked to skim".into());
+        }
+        if m.skimming {
+            return Err("sent Skim twice".into());
+        }
+        m.skimming = true;
+        m.skims += 1;
+        m.delivered_base = m.page.delivered();
+        self.skims.fetch_add(1, Ordering::Relaxed);
+        if !m.attached {
+            // Let go (a stall) since it was asked: nothing gates on it already.
+            return Ok(());
+        }
+        m.end_watch(Instant::now());
+        m.attached = false;
+        self.count_consumed(m);
+        m.released_before += m.page.cursor().saturating_sub(m.start);
+        let (mid, start) = (m.id, m.start);
+        tracing::info!(
+            consumer = mid,
+            name = %m.name,
+            "consumer skims: the feed goes on at the others' pace, and it copies what its \
+             epoch still needs as the samples pass"
+        );
+        state.readers.detach(mid);
+        state.cuts.remove(start % self.info.len);
+        drop(guard);
+        self.changed.notify_all();
+        Ok(())
     }
 
     /// Forgets every watch: the feed is not held back.
@@ -764,6 +858,7 @@ impl Producer {
             consumed: AtomicU64::new(0),
             stall_timeout: config.stall_timeout,
             read_ahead: config.read_ahead,
+            pacing: config.pacing,
             keep_alive: config.keep_alive,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
@@ -772,6 +867,7 @@ impl Producer {
             joins: AtomicU64::new(0),
             leaves: AtomicU64::new(0),
             let_gos: AtomicU64::new(0),
+            skims: AtomicU64::new(0),
         });
         let spawn_error = |e: std::io::Error| ProducerError::Socket {
             path: config.socket.clone(),
@@ -950,6 +1046,8 @@ struct FeedSource<'a> {
     feed: Feed,
     /// Since when no consumer is connected (after one was), for the keep-alive.
     alone_since: Option<Instant>,
+    /// Who holds the others back (`None` under [`Pacing::Lockstep`]).
+    pacer: Option<Pacer>,
 }
 
 impl<'a> WorkSource for FeedSource<'a> {
@@ -1034,6 +1132,13 @@ impl<'a> WorkSource for FeedSource<'a> {
                     if !wait {
                         return Poll::Pending;
                     }
+                    // Does it hold anyone back: another attached consumer asked for samples
+                    // not published yet?
+                    let head = shared.ring.head();
+                    let others_waiting = state
+                        .members
+                        .iter()
+                        .any(|m| m.attached && m.id != id && m.page.demand() > head);
                     // Ring full: sleep on the slowest consumer's cursor (it wakes us on
                     // release), at most POLL, so that stalls and stops are seen.
                     drop(state);
@@ -1045,6 +1150,20 @@ impl<'a> WorkSource for FeedSource<'a> {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                     state = shared.lock();
+                    if let Some(pacer) = &mut self.pacer {
+                        pacer.held(id, asleep.elapsed(), others_waiting);
+                        let now = Instant::now();
+                        let recent = pacer.rule().recent;
+                        // Attached and taking batches (a watch runs from its last one).
+                        let candidates: Vec<u64> = (state.members.iter())
+                            .filter(|m| m.attached)
+                            .filter(|m| m.watch.is_none_or(|w| now - w.since < recent))
+                            .map(|m| m.id)
+                            .collect();
+                        if let Some(ask) = pacer.tick(now, &candidates) {
+                            shared.ask_to_skim(&mut state, ask);
+                        }
+                    }
                 }
             }
         }
@@ -1061,6 +1180,8 @@ fn run_feeder(
         shared,
         feed: Feed::new(shared.info.len, seed),
         alone_since: None,
+        pacer: (shared.pacing == Pacing::Skim)
+            .then(|| Pacer::new(PacingRule::default(), Instant::now())),
     };
     let sink = RingSink { shared };
     let run = match &shared.source {

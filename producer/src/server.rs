@@ -161,6 +161,12 @@ fn handle(conn: &UnixStream, shared: &Shared) {
                     break reason;
                 }
             }
+            Ok((ClientMessage::Skim, _)) => {
+                if let Err(reason) = shared.skim(id) {
+                    shared.detach(&mut shared.lock(), id, &reason);
+                    break reason;
+                }
+            }
             Ok((ClientMessage::Hello(_), _)) => break "sent a second Hello".to_owned(),
             // Stats are asked for on a connection of their own (the producer also writes
             // End and Detached on this one, from other threads).
@@ -427,13 +433,20 @@ fn rejoin(shared: &Shared, id: u64) -> Result<(), String> {
     if m.attached {
         return Err("sent Rejoin while attached".into());
     }
+    let skimmed = m.skimmed();
+    shared.consumed.fetch_add(skimmed, Ordering::Relaxed);
+    m.released_before += skimmed;
+    let was_skimming = std::mem::take(&mut m.skimming);
+    m.skim_asked = false;
     let start = state
         .readers
         .attach(&shared.ring, id, m.page.clone(), None)
         .map_err(|e| e.to_string())?;
     m.start = start;
     m.attached = true;
-    m.rejoins += 1;
+    if !was_skimming {
+        m.rejoins += 1;
+    }
     state.cuts.add(start % shared.info.len);
     protocol::send(
         &m.socket,
@@ -441,7 +454,16 @@ fn rejoin(shared: &Shared, id: u64) -> Result<(), String> {
         &[],
     )
     .map_err(|e| format!("cannot answer Rejoin: {e}"))?;
-    tracing::info!(consumer = id, name = %m.name, start, "consumer rejoined");
+    if was_skimming {
+        tracing::info!(
+            consumer = id,
+            name = %m.name,
+            start,
+            "consumer stops skimming: the feed no longer outruns it, it paces the feed again"
+        );
+    } else {
+        tracing::info!(consumer = id, name = %m.name, start, "consumer rejoined");
+    }
     shared.changed.notify_all();
     Ok(())
 }

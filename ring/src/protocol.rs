@@ -53,6 +53,20 @@
 //!
 //! Version 8: a consumer's cursor page counts the time it waited for data, and `Stats`
 //! reports it (`ConsumerInfo::waited_s`) beside the time it held the feed back.
+//!
+//! Version 9: *skimming*. A consumer that keeps holding the feed back while others wait for
+//! data is asked to skim (a word in its cursor page): once it holds no batch of the ring, it
+//! says `Skim`, the producer stops gating on its cursor, and it copies the samples its epoch
+//! still needs as they pass, checking each copy against the ring's `lent` word (a seqlock:
+//! `protocol_core::lend`). It attaches again with `Rejoin` when the feed no longer outruns
+//! it. `Stats` says which consumers skim (`ConsumerInfo::skimming`).
+//!
+//! ```text
+//!   (cursor page: asked to skim)
+//!   Skim                          ─►  (no answer: its cursor no longer gates the producer)
+//!   Rejoin                        ─►  (when the feed no longer outruns it)
+//!                                 ◄─ Rejoined{start_seq}
+//! ```
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -65,7 +79,7 @@ use crate::layout::RingLayout;
 use crate::sys;
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -186,8 +200,12 @@ pub enum ClientMessage {
     Hello(Hello),
     /// Leave now (closing the socket does the same).
     Leave,
-    /// Attach again after being let go; answered with [`ServerMessage::Rejoined`].
+    /// Attach again after being let go or while skimming; answered with
+    /// [`ServerMessage::Rejoined`].
     Rejoin,
+    /// Asked to skim (its cursor page says so), this consumer holds no batch of the ring any
+    /// more: stop gating the producer on its cursor. No answer.
+    Skim,
     /// Instead of `Hello`: ask how the feed is doing; answered with [`ServerMessage::Stats`],
     /// then the producer closes the connection (what `ladle top` and `--record` read).
     Stats,
@@ -332,6 +350,13 @@ pub struct ConsumerInfo {
     pub waited_s: f64,
     /// Times it was let go and rejoined.
     pub rejoins: u32,
+    /// Whether it skims: it holds the feed back no more and copies what its epoch still
+    /// needs as the feed passes (it held the others back; protocol version 9).
+    #[serde(default)]
+    pub skimming: bool,
+    /// Times it was moved to skimming.
+    #[serde(default)]
+    pub skims: u32,
 }
 
 /// Asks the producer on `socket` for its [`FeedStats`], giving up after `timeout`.
@@ -557,6 +582,8 @@ mod tests {
             held_back_s: 1e9,
             waited_s: 1e9,
             rejoins: u32::MAX,
+            skimming: true,
+            skims: u32::MAX,
         };
         let mut stats = FeedStats {
             source: "/data".repeat(200),

@@ -10,7 +10,7 @@
 //!
 //! `tests/loom.rs` model-checks exactly these functions.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering, fence};
 
 /// Whether the producer may write sequence `seq` into a ring of `capacity` slots whose
 /// slowest live consumer has released everything below `min_cursor`.
@@ -36,6 +36,26 @@ pub fn release(cursor: &AtomicU64, upto: u64) {
 /// Producer: what a consumer has released.
 pub fn cursor(cursor: &AtomicU64) -> u64 {
     cursor.load(Ordering::Acquire)
+}
+
+/// Producer, before writing the slot of sequence `end − 1`: records that every sequence below
+/// `end` is lent (so the samples `end − 1 − C` and older may be overwritten from now on). The
+/// `Release` fence orders the record before the slot writes that follow: a reader that sees
+/// any of them sees the record ([`intact_from`]). The seqlock that lets a *skimming* consumer
+/// (one that holds no cursor, protocol version 9) copy samples and then check that none was
+/// overwritten meanwhile.
+pub fn lend(lent: &AtomicU64, end: u64) {
+    lent.fetch_max(end, Ordering::Relaxed);
+    fence(Ordering::Release);
+}
+
+/// Consumer, after copying samples out of a ring of `capacity` slots: the lowest sequence
+/// whose copy is intact. A copy of sequence `s` made before this call holds sample `s` if
+/// `s >= intact_from(..)`; older copies may be torn. The `Acquire` fence pairs with
+/// [`lend`]'s: a copy that read any byte of a newer sample makes this load see its loan.
+pub fn intact_from(lent: &AtomicU64, capacity: u64) -> u64 {
+    fence(Ordering::Acquire);
+    lent.load(Ordering::Relaxed).saturating_sub(capacity)
 }
 
 /// The let-go bit of a consumer's lease word (see [`deliver`]).

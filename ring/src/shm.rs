@@ -26,6 +26,9 @@ struct Header {
     head_word: AtomicU32,
     /// Non-zero once the producer has ended the stream.
     ended: AtomicU32,
+    /// Every sequence below this is lent to a writer ([`protocol_core::lend`]): a skimming
+    /// consumer's copy of a sequence below `lent − C` may be torn (protocol version 9).
+    lent: AtomicU64,
 }
 
 /// A consumer's cursor page, a separate one-page memfd shared by that consumer and the
@@ -61,6 +64,13 @@ struct CursorWords {
     /// Nanoseconds the consumer has waited for data in all (a batch not yet published when
     /// it asked): the other side of the producer's "held back" (protocol version 8).
     waited_ns: AtomicU64,
+    /// The producer's word: non-zero asks the consumer to *skim* (it held the others back:
+    /// it should stop gating the feed and copy what it still needs as it passes, then say
+    /// `Skim`). Cleared when the producer attaches it again (protocol version 9).
+    skim: AtomicU32,
+    /// The consumer's word: samples it has delivered in all, over every attachment and while
+    /// skimming (what the producer reports as consumed by a consumer that holds no cursor).
+    delivered: AtomicU64,
 }
 
 /// The double-mapped sample regions: one per schema field, then the indices and the flags.
@@ -209,6 +219,12 @@ impl ProducerRing {
         self.id
     }
 
+    /// Records every sequence below `end` lent, before the writer of `end − 1` touches its
+    /// slot ([`protocol_core::lend`]).
+    pub(crate) fn lend(&self, end: u64) {
+        protocol_core::lend(&self.header().lent, end);
+    }
+
     pub(crate) fn publisher_lock(&self) -> &PublisherLock {
         &self.publisher
     }
@@ -314,6 +330,13 @@ impl ConsumerRing {
     /// Whether the producer has ended the stream.
     pub fn ended(&self) -> bool {
         self.header().ended.load(Ordering::SeqCst) != 0
+    }
+
+    /// The lowest sequence whose copy, made before this call, is intact: the producer may
+    /// have lent every slot of an older one for writing ([`protocol_core::intact_from`]).
+    /// What a skimming consumer, which holds no cursor, checks after each copy.
+    pub fn intact_from(&self) -> u64 {
+        protocol_core::intact_from(&self.header().lent, self.layout.capacity)
     }
 
     /// Sleeps until the head reaches `target`, the stream ends, or `timeout` passes (or
@@ -492,6 +515,26 @@ impl CursorPage {
         }
     }
 
+    /// Producer: asks this consumer to skim (it holds the others back).
+    pub fn ask_to_skim(&self) {
+        self.words().skim.store(1, Ordering::SeqCst);
+    }
+
+    /// Whether the producer asks this consumer to skim.
+    pub fn asked_to_skim(&self) -> bool {
+        self.words().skim.load(Ordering::SeqCst) != 0
+    }
+
+    /// Consumer: counts `samples` more delivered.
+    pub fn add_delivered(&self, samples: u64) {
+        self.words().delivered.fetch_add(samples, Ordering::Relaxed);
+    }
+
+    /// Samples delivered in all, as the consumer counts them (a figure for reports).
+    pub fn delivered(&self) -> u64 {
+        self.words().delivered.load(Ordering::Relaxed)
+    }
+
     /// Consumer: counts `waited` more time spent waiting for data.
     pub fn add_waited(&self, waited: std::time::Duration) {
         let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
@@ -533,6 +576,7 @@ impl CursorPage {
         words
             .lease
             .store(protocol_core::lease_word(at, 0), Ordering::SeqCst);
+        words.skim.store(0, Ordering::SeqCst);
     }
 
     /// Producer, after publishing up to `head`: wakes this consumer if one of its threads

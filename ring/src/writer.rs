@@ -279,6 +279,9 @@ impl ProducerRing {
             };
         }
         publisher.next += 1;
+        // Before the slot is written (in this thread, once the loan is returned): a
+        // skimming consumer that copies `seq − C` must learn it may be torn.
+        self.lend(seq + 1);
         Gate::Loan(WriteLoan {
             ring: self,
             seq,

@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use ladle_ring::protocol_core::{
-    cursor, deliver, head, lease, lease_word, let_go, may_write, publish, release,
+    cursor, deliver, head, intact_from, lease, lease_word, lend, let_go, may_write, publish,
+    release,
 };
 use ladle_ring::wake_core::{Futex, WakeWords, wait_for_head, wake_if_due};
 use loom::cell::UnsafeCell;
@@ -105,6 +106,37 @@ fn a_delivery_and_a_let_go_against_an_older_word_never_both_succeed() {
                     "read a slot the producer overwrote after a let-go"
                 );
             }
+        }
+        producer.join().unwrap();
+    });
+}
+
+/// The skimming consumer's seqlock: it holds no cursor, copies a sample (two words, so a
+/// copy can be torn) and then asks `intact_from`. Whatever word of the newer sample its copy
+/// saw, the check must say the copy may be torn: a copy judged intact is the old sample whole.
+#[test]
+fn a_skimmed_copy_judged_intact_is_never_torn() {
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        // One slot holding sequence 0 (both words 0), every sequence below 1 lent.
+        let lent = Arc::new(AtomicU64::new(1));
+        let words = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let producer = {
+            let (lent, words) = (lent.clone(), words.clone());
+            loom::thread::spawn(move || {
+                // Sequence 1 takes the slot of sequence 0.
+                lend(&lent, 2);
+                words[0].store(1, Ordering::Relaxed);
+                words[1].store(1, Ordering::Relaxed);
+            })
+        };
+        let copy = [
+            words[0].load(Ordering::Relaxed),
+            words[1].load(Ordering::Relaxed),
+        ];
+        if intact_from(&lent, 1) == 0 {
+            assert_eq!(copy, [0, 0], "a copy judged intact held a newer sample");
         }
         producer.join().unwrap();
     });

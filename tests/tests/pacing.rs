@@ -1,10 +1,13 @@
 //! Pacing: a feed decodes what its consumers will read, a bounded read-ahead beyond what they
-//! asked for, not as far as the ring allows (`ladle serve --read-ahead`).
+//! asked for, not as far as the ring allows (`ladle serve --read-ahead`); a consumer that
+//! holds the others back skims, and paces the feed again when the feed no longer outruns it
+//! (`ladle serve --pacing`).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::time::Duration;
 
+use ladle_ring::protocol::ConsumerInfo;
 use ladle_tests::Fixture;
 
 const GUARD: Duration = Duration::from_secs(120);
@@ -87,9 +90,19 @@ fn stats_show_the_slow_consumer_holding_the_feed_back_and_the_fast_one_waiting_f
     let mut fx = Fixture::new();
     let data = fx.dataset(200, 24, 20);
     // A ring of about 80 samples of 64 px: the fast consumer cannot run far ahead.
+    // Lockstep: the slow one is not moved to skimming, so it keeps holding the fast one back.
     fx.serve(
         &data,
-        &["--image-size", "64", "--ring-mib", "1", "--threads", "2"],
+        &[
+            "--image-size",
+            "64",
+            "--ring-mib",
+            "1",
+            "--threads",
+            "2",
+            "--pacing",
+            "lockstep",
+        ],
     );
     fx.consume(8, 1000, &["--name", "slow", "--step-ms", "40"]);
     fx.consume(8, 1000, &["--name", "fast"]);
@@ -114,4 +127,159 @@ fn stats_show_the_slow_consumer_holding_the_feed_back_and_the_fast_one_waiting_f
         slow.waited_s,
         fast.waited_s
     );
+}
+
+/// The consumer named `name` in `stats`, if listed.
+fn named(stats: &ladle_ring::protocol::FeedStats, name: &str) -> Option<ConsumerInfo> {
+    let logged = format!("{name:?}");
+    stats.consumers.iter().find(|c| c.name == logged).cloned()
+}
+
+/// A 200-image feed whose ring holds about 80 samples of 64 px, with `pacing`.
+fn small_ring_feed(fx: &mut Fixture, pacing: &str, extra: &[&str]) -> usize {
+    let data = fx.dataset(200, 24, 20);
+    let args = [
+        &[
+            "--image-size",
+            "64",
+            "--ring-mib",
+            "1",
+            "--threads",
+            "2",
+            "--pacing",
+            pacing,
+        ][..],
+        extra,
+    ]
+    .concat();
+    fx.serve(&data, &args)
+}
+
+/// Epochs a killed `ladle consume --json` completed, each asserted exact.
+fn exact_epochs_so_far(done: &ladle_tests::Finished, what: &str) -> usize {
+    let epochs: Vec<_> = (done.stdout.lines())
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("epoch").is_some())
+        .collect();
+    for e in &epochs {
+        assert_eq!(e["exact_coverage"], true, "{what}: {e}");
+    }
+    epochs.len()
+}
+
+/// A slow consumer (batches of 4, 100 ms a batch: 40 samples/s) reads two epochs of 200 beside
+/// a fast one that reads as fast as the feed decodes. Returns what each released from when both
+/// were reading until the slow one neared its end (their `Stats`), and the slow one's summary;
+/// both read exact epochs.
+fn fast_beside_slow(pacing: &str) -> (u64, u64, serde_json::Value) {
+    let mut fx = Fixture::new();
+    small_ring_feed(&mut fx, pacing, &[]);
+    let slow = fx.consume(4, 2, &["--name", "slow", "--step-ms", "100"]);
+    let fast = fx.consume(8, 100_000, &["--name", "fast"]);
+    // Either may join first and read alone for a moment: count from when both read.
+    let both = fx.wait_for_stats("both consumers read", |s| {
+        named(s, "slow").is_some_and(|c| c.released > 0)
+            && named(s, "fast").is_some_and(|c| c.released > 0)
+    });
+    if pacing == "skim" {
+        let stats = fx.wait_for_stats("the slow consumer skims", |s| {
+            named(s, "slow").is_some_and(|c| c.skimming && !c.attached)
+        });
+        let fast_info = named(&stats, "fast").unwrap();
+        assert!(fast_info.attached && !fast_info.skimming, "{fast_info:?}");
+    }
+    let near_end = fx.wait_for_stats("the slow consumer nears its end", |s| {
+        named(s, "slow").is_some_and(|c| c.released >= 360)
+    });
+    let released =
+        |name| named(&near_end, name).unwrap().released - named(&both, name).unwrap().released;
+    let (slow_released, fast_released) = (released("slow"), released("fast"));
+    let done = fx.wait(slow, GUARD);
+    done.assert_exact(2, "the slow consumer");
+    let summary = done.json_lines().pop().unwrap();
+    fx.signal(fast, 9);
+    let fast_done = fx.wait(fast, GUARD);
+    exact_epochs_so_far(&fast_done, "the fast consumer");
+    (slow_released, fast_released, summary)
+}
+
+#[test]
+fn a_slow_consumer_skims_the_fast_one_goes_its_own_pace_and_both_read_exact_epochs() {
+    let (slow_released, fast_released, slow) = fast_beside_slow("skim");
+    assert!(slow["skims"].as_u64().unwrap() >= 1, "{slow}");
+    // Lockstep holds it within a ring (about 80 samples) of the slow one.
+    assert!(
+        fast_released >= 1000,
+        "the fast consumer read {fast_released} samples while the slow one read {slow_released}"
+    );
+    // The same pair in lockstep: the fast one goes at the slow one's pace (what the check
+    // above would catch).
+    let (slow_released, fast_released, slow) = fast_beside_slow("lockstep");
+    assert_eq!(slow["skims"].as_u64().unwrap(), 0, "{slow}");
+    assert!(
+        fast_released <= slow_released + 200,
+        "in lockstep the fast consumer read {fast_released} samples, the slow one \
+         {slow_released}"
+    );
+}
+
+#[test]
+fn a_skimming_consumer_paces_the_feed_again_when_the_fast_one_leaves_and_stays_exact() {
+    let mut fx = Fixture::new();
+    small_ring_feed(&mut fx, "skim", &[]);
+    let slow = fx.consume(4, 3, &["--name", "slow", "--step-ms", "100"]);
+    let fast = fx.consume(8, 100_000, &["--name", "fast"]);
+    fx.wait_for_stats("the slow consumer skims", |s| {
+        named(s, "slow").is_some_and(|c| c.skimming)
+    });
+    fx.signal(fast, 9);
+    // Nothing passes any more: it attaches again (within about a second) and reads on.
+    let stats = fx.wait_for_stats("the slow consumer paces the feed again", |s| {
+        named(s, "slow").is_some_and(|c| c.attached && !c.skimming) && named(s, "fast").is_none()
+    });
+    let slow_info = named(&stats, "slow").unwrap();
+    assert!(
+        slow_info.skims >= 1 && slow_info.rejoins == 0,
+        "{slow_info:?}"
+    );
+    fx.wait(slow, GUARD).assert_exact(3, "the slow consumer");
+}
+
+#[test]
+fn a_consumer_let_go_then_moved_to_skimming_and_a_skimmer_overtaken_while_stopped_stay_exact() {
+    let mut fx = Fixture::new();
+    small_ring_feed(&mut fx, "skim", &["--stall-timeout", "1"]);
+    let slow = fx.consume(4, 3, &["--name", "slow", "--step-ms", "100"]);
+    let slow_pid = fx.pid(slow);
+    fx.wait_for_stats("the slow consumer reads", |s| {
+        s.consumers
+            .iter()
+            .any(|c| c.pid == slow_pid && c.released >= 8)
+    });
+    // Stopped before anyone else came: let go once the fast one is held back for the stall
+    // timeout, taking no batch (not asked to skim: it takes none).
+    fx.signal(slow, 19); // SIGSTOP
+    let fast = fx.consume(8, 100_000, &["--name", "fast"]);
+    let stats = fx.wait_for_stats("the stopped consumer is let go", |s| s.let_gos >= 1);
+    let stopped = named(&stats, "slow").unwrap();
+    assert!(!stopped.skimming && stopped.skims == 0, "{stopped:?}");
+    fx.signal(slow, 18); // SIGCONT: it rejoins, then holds the fast one back, and skims
+    let stats = fx.wait_for_stats("the resumed consumer skims", |s| {
+        named(s, "slow").is_some_and(|c| c.skimming && c.rejoins >= 1)
+    });
+    // Stopped while skimming: the feed runs on (no let-go: it gates nothing) and overwrites
+    // the slots it was about to read; it must not take a torn or missing sample on resuming.
+    let before = named(&stats, "fast").unwrap().released;
+    fx.signal(slow, 19);
+    let stats = fx.wait_for_stats(
+        "the feed runs several rings past the stopped skimmer",
+        |s| named(s, "fast").is_some_and(|c| c.released >= before + 5 * s.capacity),
+    );
+    assert_eq!(stats.let_gos, 1, "a skimmer is never let go");
+    fx.signal(slow, 18);
+    let done = fx.wait(slow, GUARD);
+    done.assert_exact(3, "the consumer let go, then skimming, then overtaken");
+    fx.signal(fast, 9);
+    let fast_done = fx.wait(fast, GUARD);
+    assert!(exact_epochs_so_far(&fast_done, "the fast consumer") >= 1);
 }

@@ -367,6 +367,7 @@ mod tests {
             waited_s: value,
             holding_back: false,
             rejoins: 0,
+            skimming: false,
         }
     }
 

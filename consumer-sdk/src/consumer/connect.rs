@@ -292,6 +292,10 @@ impl Consumer {
                 fatal: None,
                 epochs,
                 generation: 0,
+                skimming: Default::default(),
+                pace: None,
+                rejoins: 0,
+                skims: 0,
             }),
             catching_up: Mutex::new(()),
         })

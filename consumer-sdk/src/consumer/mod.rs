@@ -29,6 +29,7 @@ mod batch;
 mod connect;
 mod gather;
 mod resume;
+mod skim;
 
 use batch::Owned;
 pub use batch::{Batch, BatchOf, Epoch, EpochOf, SharedBatch, SharedEpoch};
@@ -91,6 +92,14 @@ struct State {
     epochs: Epochs,
     /// Rejoins so far: a batch made before the last one may have been overwritten.
     generation: u64,
+    /// Whether it skims (the producer asked: it held the others back).
+    skimming: skim::Skimming,
+    /// While it skims: when to pace the feed again (pure: `crate::skim`).
+    pace: Option<crate::skim::SkimPace>,
+    /// Times it was let go and rejoined.
+    rejoins: u64,
+    /// Times it was asked to skim.
+    skims: u64,
 }
 
 /// What [`Consumer::reserve`] decided for an epoch's next batch.
@@ -166,7 +175,8 @@ impl Consumer {
         };
         let number = begun.number;
         let begin = begun.start.unwrap_or(0);
-        if state.next_seq < begin {
+        // A skimming consumer's epoch begins wherever it is.
+        if state.next_seq < begin && !state.epochs.skimming() {
             state.next_seq = begin;
             self.release_locked(&mut state);
         }
@@ -250,7 +260,13 @@ impl Consumer {
     /// How many times the producer let this consumer go (it held the feed back without
     /// taking a batch for the producer's stall timeout) and it rejoined.
     pub fn rejoins(&self) -> u64 {
-        self.state().generation
+        self.state().rejoins
+    }
+
+    /// How many times the producer asked this consumer to skim (it held the others back
+    /// while they waited for data; see [`Consumer::skimming`]).
+    pub fn skims(&self) -> u64 {
+        self.state().skims
     }
 
     /// Batches handed out and not yet dropped.
@@ -284,6 +300,7 @@ impl Consumer {
         if let Some(error @ ConsumerError::Plan { .. }) = &state.fatal {
             return Err(error.clone());
         }
+        self.check_skim(&mut state)?;
         let current = state.epochs.current() == Some(number);
         if current && state.epochs.is_complete() {
             return Ok(Reserve::Done);
@@ -358,6 +375,7 @@ impl Consumer {
         for &index in indices {
             state.epochs.deliver(index);
         }
+        self.cursor.add_delivered(count);
         Ok(Delivery::Delivered)
     }
 
@@ -458,6 +476,8 @@ impl Consumer {
         state.generation += 1;
         state.held.clear();
         state.released = start;
+        let was_skimming = std::mem::take(&mut state.skimming) != skim::Skimming::Off;
+        state.pace = None;
         // The epoch in progress takes the window [start, start + N) when it has seen part of
         // the dataset; otherwise the next epoch to begin starts at `start`.
         state.next_seq = match state.epochs.rejoined(start) {
@@ -470,13 +490,25 @@ impl Consumer {
                 return Err(self.fail(state, error));
             }
         };
-        tracing::warn!(
-            consumer_id = self.consumer_id,
-            start,
-            delivered = state.epochs.delivered(),
-            "the producer let this consumer go (it held the feed back without taking a batch \
-             for the stall timeout); rejoined"
-        );
+        if !was_skimming {
+            state.rejoins += 1;
+        }
+        if was_skimming {
+            tracing::info!(
+                consumer_id = self.consumer_id,
+                start,
+                delivered = state.epochs.delivered(),
+                "attached again after skimming"
+            );
+        } else {
+            tracing::warn!(
+                consumer_id = self.consumer_id,
+                start,
+                delivered = state.epochs.delivered(),
+                "the producer let this consumer go (it held the feed back without taking a \
+                 batch for the stall timeout); rejoined"
+            );
+        }
         Ok(())
     }
 
@@ -548,7 +580,7 @@ impl Consumer {
             if let Some(error) = self.fatal() {
                 return Err(error);
             }
-            if self.cursor.is_let_go() {
+            if self.cursor.is_let_go() && !self.state().epochs.skimming() {
                 // The producer no longer writes for this consumer: what it waits for may
                 // never come. The delivery that follows fails and rejoins.
                 return Ok(true);
