@@ -129,7 +129,8 @@ mod tests {
 }
 
 /// The feed and the consumers' epoch plans together, as a model without processes: any
-/// interleaving of joins, let-gos with rejoins, kills and resumes from saved positions keeps
+/// interleaving of joins, let-gos with rejoins, kills and resumes from saved positions, and
+/// moves to skimming and back (a skimmer takes what passes when its pace lets it) keeps
 /// every epoch of every consumer exact (a whole consumer's epoch: each index once; a rank's:
 /// exactly its share).
 #[cfg(test)]
@@ -149,6 +150,9 @@ mod model {
         /// The first sequence it has not read.
         next_seq: u64,
         epochs_done: u64,
+        /// Skimming: it has no cut point, and takes a sample that passes only when its own
+        /// pace lets it: with one chance in `skim` (the rest roll out of the ring unseen).
+        skim: Option<u64>,
     }
 
     impl Reader {
@@ -164,7 +168,14 @@ mod model {
                 start: seq,
                 next_seq: begun.start.unwrap(),
                 epochs_done: 0,
+                skim: None,
             }
+        }
+
+        /// Whether a skimmer at one chance in `skim` takes sequence `seq` (a fixed hash: its
+        /// pace, not the sample, decides).
+        fn takes(skim: u64, seq: u64) -> bool {
+            (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % skim == 0
         }
 
         /// Sequence `seq` holding `index` passes: the epoch delivers it if its plan wants
@@ -175,6 +186,17 @@ mod model {
                 return;
             }
             self.next_seq = seq + 1;
+            if let Some(skim) = self.skim {
+                // No window: whatever passes, until complete; the next epoch begins here.
+                if Self::takes(skim, seq) {
+                    self.epochs.deliver(index);
+                }
+                if self.epochs.is_complete() {
+                    self.epochs_done += 1;
+                    self.epochs.begin().unwrap();
+                }
+                return;
+            }
             self.epochs.deliver(index);
             let number = self.epochs.current().unwrap();
             let end = self.epochs.end(number).unwrap();
@@ -201,6 +223,11 @@ mod model {
         LetGoAndRejoin { which: usize },
         /// Consumer `which` dies; one that saved its position resumes it at the next sequence.
         KillAndResume { which: usize },
+        /// Consumer `which` is asked to skim (it held the others back): its cut point
+        /// dissolves, and it takes one passing sample in `1 + slower`.
+        Skim { which: usize, slower: u64 },
+        /// Consumer `which`, skimming, paces the feed again: attached at the next sequence.
+        AttachAgain { which: usize },
     }
 
     fn event() -> impl Strategy<Value = Event> {
@@ -210,13 +237,15 @@ mod model {
             }),
             (0usize..8).prop_map(|which| Event::LetGoAndRejoin { which }),
             (0usize..8).prop_map(|which| Event::KillAndResume { which }),
+            ((0usize..8), (0u64..3)).prop_map(|(which, slower)| Event::Skim { which, slower }),
+            (0usize..8).prop_map(|which| Event::AttachAgain { which }),
         ]
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(500))]
         #[test]
-        fn every_epoch_stays_exact_through_joins_let_gos_kills_and_resumes(
+        fn every_epoch_stays_exact_through_joins_let_gos_kills_resumes_and_skims(
             n in 3u64..60,
             seed in any::<u64>(),
             events in prop::collection::vec((0u64..150, event()), 1..12),
@@ -227,7 +256,8 @@ mod model {
             let mut readers: Vec<Reader> = Vec::new();
             let mut events = events;
             events.sort_by_key(|(at, _)| *at);
-            let end = events.last().map_or(0, |(at, _)| *at) + 4 * n;
+            // A skimmer at one chance in 3 may need many passes for its last samples.
+            let end = events.last().map_or(0, |(at, _)| *at) + 60 * n;
             let even = if even_drop { Even::Drop } else { Even::Pad };
             let mut next_event = events.into_iter().peekable();
             for seq in 0..end {
@@ -242,10 +272,15 @@ mod model {
                             cuts.add(seq % n);
                             readers.push(Reader::join(n, seq, group, None));
                         }
-                        Event::LetGoAndRejoin { which } if !readers.is_empty() => {
+                        Event::LetGoAndRejoin { which } | Event::AttachAgain { which }
+                            if !readers.is_empty() =>
+                        {
+                            // A skimmer is never let go; it attaches again the same way.
                             let len = readers.len();
                             let r = &mut readers[which % len];
-                            cuts.remove(r.start % n);
+                            if r.skim.take().is_none() {
+                                cuts.remove(r.start % n);
+                            }
                             cuts.add(seq % n);
                             r.start = seq;
                             // The epoch in progress goes on from the rejoin point.
@@ -254,10 +289,21 @@ mod model {
                         Event::KillAndResume { which } if !readers.is_empty() => {
                             let i = which % readers.len();
                             let dead = readers.swap_remove(i);
-                            cuts.remove(dead.start % n);
+                            if dead.skim.is_none() {
+                                cuts.remove(dead.start % n);
+                            }
                             let saved = dead.epochs.saved();
                             cuts.add(seq % n);
                             readers.push(Reader::join(n, seq, dead.group, Some(saved)));
+                        }
+                        Event::Skim { which, slower } if !readers.is_empty() => {
+                            let len = readers.len();
+                            let r = &mut readers[which % len];
+                            if r.skim.is_none() {
+                                cuts.remove(r.start % n);
+                                r.epochs.skim();
+                                r.skim = Some(1 + slower);
+                            }
                         }
                         _ => {}
                     }

@@ -504,3 +504,23 @@ fn a_consumer_of_the_previous_protocol_version_is_refused_with_both_versions_nam
     fx.signal(serve, 15);
     fx.wait(serve, Duration::from_secs(60));
 }
+
+#[test]
+fn a_consumer_that_says_skim_unasked_is_detached_and_nobody_else_notices() {
+    // Protocol version 9: `Skim` takes a consumer's cursor off the gate. Said unasked, it
+    // would let a consumer escape the pace without the producer's decision.
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 40, 36);
+    let serve = fx.serve(&data, SMALL_RING);
+    let honest = fx.consume(50, 4, &["--hold-previous", "--check-held"]);
+    fx.wait_for_stats("the honest consumer joined", |s| s.joins == 1);
+    let (unasked, page, _, _) = raw_consumer(&fx.socket(), 16);
+    assert!(!page.asked_to_skim(), "asked to skim on joining");
+    protocol::send(&unasked, &ClientMessage::Skim, &[]).unwrap();
+    let reason = detached_reason(&unasked);
+    assert!(reason.contains("Skim without being asked"), "{reason}");
+    assert_exact(&fx.wait(honest, GUARD), 4, "honest consumer beside it");
+    fx.signal(serve, 15);
+    let producer = fx.wait(serve, Duration::from_secs(60));
+    assert!(producer.status.success(), "{}", producer.stderr);
+}

@@ -359,6 +359,19 @@ impl PyConsumer {
         self.inner.waited().as_secs_f64()
     }
 
+    /// Whether this consumer skims: it held the others back, so it no longer sets the feed's
+    /// pace and copies what its epoch still needs as the samples pass (still exact).
+    #[getter]
+    fn skimming(&self) -> bool {
+        self.inner.skimming()
+    }
+
+    /// Times the producer asked this consumer to skim.
+    #[getter]
+    fn skims(&self) -> u64 {
+        self.inner.skims()
+    }
+
     #[getter]
     fn socket(&self) -> PathBuf {
         self.inner.socket().to_path_buf()

@@ -248,3 +248,38 @@ def test_ctrl_c_interrupts_a_wait(producer):
             pass
     timer.join()
     del pinned, holder
+
+
+def test_a_slow_loop_beside_a_fast_one_skims_and_both_read_exact_epochs(start_producer):
+    # Issue 28: a run that keeps the others waiting stops setting the pace.
+    producer = start_producer("--ring-mib", "1")
+    slow = ladle.Consumer(producer.socket, 10)
+    fast = ladle.Consumer(producer.socket, 64)
+    stop = threading.Event()
+    fast_epochs: list[bool] = []
+
+    def read_fast() -> None:
+        while not stop.is_set():
+            fast_epochs.append(sorted(indices_of(fast)) == list(range(DATASET_LEN)))
+
+    reader = threading.Thread(target=read_fast)
+    reader.start()
+    try:
+        skimmed_epochs = 0
+        for _ in range(8):
+            seen: list[int] = []
+            for batch in slow:
+                seen.extend(np.asarray(batch.indices).tolist())
+                time.sleep(0.05)  # the slow run's training step
+            assert sorted(seen) == list(range(DATASET_LEN)), "the slow loop's epoch is exact"
+            if slow.skimming:
+                skimmed_epochs += 1
+                if skimmed_epochs == 2:
+                    break
+        assert skimmed_epochs == 2, f"never skimmed: skims={slow.skims}"
+        assert slow.skims >= 1
+    finally:
+        stop.set()
+        reader.join(timeout=60)
+    assert fast_epochs and all(fast_epochs), "the fast loop's epochs are exact"
+    assert len(fast_epochs) > 4, f"the fast loop read {len(fast_epochs)} epochs"

@@ -227,6 +227,13 @@ class Consumer:
     def waited_seconds(self) -> float:
         """Seconds this consumer waited for data in all (batches not yet decoded)."""
     @property
+    def skimming(self) -> bool:
+        """Whether it skims: it held the others back, no longer sets the pace, and copies what
+        its epoch still needs as the samples pass."""
+    @property
+    def skims(self) -> int:
+        """Times the producer asked this consumer to skim."""
+    @property
     def socket(self) -> str: ...
     def _images_region(self) -> tuple[int, int]: ...
 
