@@ -12,9 +12,12 @@
 //!   order by advancing the head.
 //! - Every slot write goes through a write loan from the ring
 //!   ([`ladle_ring::ProducerRing::try_loan`]), granted only once every attached consumer has
-//!   released the slot (backpressure: the sweep moves at the pace of its slowest consumer).
-//!   Each cursor is read once per decision and range-checked; a consumer whose cursor lies
-//!   outside what it may show is detached, and only it.
+//!   released the slot (backpressure), and only a bounded read-ahead beyond what consumers
+//!   asked for ([`ReadAhead`]). Each cursor is read once per decision and range-checked; a
+//!   consumer whose cursor lies outside what it may show is detached, and only it.
+//! - A consumer that keeps the others waiting for data is asked to *skim* (module `pacing`,
+//!   pure; [`Pacing`]): it stops gating the feed and copies what its epoch still needs as the
+//!   samples pass, so one slow run no longer sets every run's pace.
 //! - A consumer that holds the feed back and takes no batch for the stall timeout
 //!   ([`ProducerConfig::stall_timeout`], 10 s by default: a paused, evaluating or stopped
 //!   run) is *let go*: the feed goes on without it, it is told before it can hand out a batch
