@@ -88,22 +88,8 @@ fn a_bad_read_ahead_is_refused_naming_the_option() {
 #[test]
 fn stats_show_the_slow_consumer_holding_the_feed_back_and_the_fast_one_waiting_for_data() {
     let mut fx = Fixture::new();
-    let data = fx.dataset(200, 24, 20);
-    // A ring of about 80 samples of 64 px: the fast consumer cannot run far ahead.
     // Lockstep: the slow one is not moved to skimming, so it keeps holding the fast one back.
-    fx.serve(
-        &data,
-        &[
-            "--image-size",
-            "64",
-            "--ring-mib",
-            "1",
-            "--threads",
-            "2",
-            "--pacing",
-            "lockstep",
-        ],
-    );
+    small_ring_feed(&mut fx, "lockstep", &[]);
     fx.consume(8, 1000, &["--name", "slow", "--step-ms", "40"]);
     fx.consume(8, 1000, &["--name", "fast"]);
     let by_name = |s: &ladle_ring::protocol::FeedStats, name: &str| {

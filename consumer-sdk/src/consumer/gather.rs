@@ -98,16 +98,7 @@ impl Consumer {
             return Ok(Step::More);
         }
         // SAFETY: as in `deliver`: published, held, and delivered just now.
-        let (indices, flags, fields) = unsafe {
-            let fields: Vec<(&[u8], usize)> = (schema.fields().iter().enumerate())
-                .map(|(k, f)| (self.ring.field(k, first, count as usize), f.bytes()))
-                .collect();
-            (
-                self.ring.indices(first, count as usize),
-                self.ring.flags(first, count as usize),
-                fields,
-            )
-        };
+        let (indices, flags, fields) = unsafe { self.window(first, count) };
         let mut stop = first + count;
         let before = owned.len();
         for (k, &index) in indices.iter().enumerate() {
@@ -138,4 +129,30 @@ impl Consumer {
         }
         Ok(Step::More)
     }
+
+    /// The ring's sequences `first..first + count`: their indices, flags, and each field's
+    /// bytes with its size per sample.
+    ///
+    /// # Safety
+    /// As for [`ConsumerRing::field`], or (a skimming consumer) the caller checks every copy
+    /// made from it against [`ConsumerRing::intact_from`] and drops one that may be torn.
+    pub(super) unsafe fn window(&self, first: u64, count: u64) -> Window<'_> {
+        let schema = &self.ring.layout().schema;
+        let count = count as usize;
+        // SAFETY: the caller's contract.
+        unsafe {
+            let fields = (schema.fields().iter().enumerate())
+                .map(|(k, f)| (self.ring.field(k, first, count), f.bytes()))
+                .collect();
+            (
+                self.ring.indices(first, count),
+                self.ring.flags(first, count),
+                fields,
+            )
+        }
+    }
 }
+
+/// What [`Consumer::window`] returns: indices, flags, and each field's bytes with its size
+/// per sample.
+pub(super) type Window<'a> = (&'a [u64], &'a [u64], Vec<(&'a [u8], usize)>);

@@ -110,16 +110,7 @@ impl Consumer {
         // may be overwriting its oldest part meanwhile: the bytes are plain data (every
         // pattern is a value), each index word is read once, and the whole copy is checked
         // against `intact_from` below and dropped if it may be torn.
-        let (indices, flags, fields) = unsafe {
-            let fields: Vec<(&[u8], usize)> = (schema.fields().iter().enumerate())
-                .map(|(k, f)| (self.ring.field(k, first, count as usize), f.bytes()))
-                .collect();
-            (
-                self.ring.indices(first, count as usize),
-                self.ring.flags(first, count as usize),
-                fields,
-            )
-        };
+        let (indices, flags, fields) = unsafe { self.window(first, count) };
         let before = owned.len();
         let mut stop = first + count;
         for k in 0..count as usize {
