@@ -30,7 +30,7 @@ impl Default for SkimRule {
         Self {
             window: Duration::from_secs(2),
             waited_share: 0.5,
-            taken_share: 0.5,
+            taken_share: 0.25,
             idle: Duration::from_secs(1),
         }
     }
@@ -145,7 +145,11 @@ mod tests {
         let mut p = SkimPace::new(SkimRule::default(), t0);
         p.scanned(1000, 100);
         p.waited(ms(1800), false);
-        assert_eq!(p.tick(t0 + ms(2000)), None, "took a tenth: an epoch's tail");
+        assert_eq!(
+            p.tick(t0 + ms(2000)),
+            None,
+            "took a tenth: an epoch's thin tail"
+        );
         p.scanned(1000, 900);
         p.waited(ms(300), false);
         assert_eq!(

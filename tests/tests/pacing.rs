@@ -270,3 +270,67 @@ fn a_consumer_let_go_then_moved_to_skimming_and_a_skimmer_overtaken_while_stoppe
     let fast_done = fx.wait(fast, GUARD);
     assert!(exact_epochs_so_far(&fast_done, "the fast consumer") >= 1);
 }
+
+#[test]
+fn a_skimmer_that_speeds_up_paces_the_feed_again_and_every_epoch_stays_exact() {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let mut fx = Fixture::new();
+    small_ring_feed(&mut fx, "skim", &[]);
+    let fast = fx.consume(8, 100_000, &["--name", "fast"]);
+    fx.wait_for_stats("the fast consumer reads", |s| {
+        named(s, "fast").is_some_and(|c| c.released > 0)
+    });
+    let config = ladle_consumer::ConsumerConfig {
+        batch_size: 4,
+        name: "changing".into(),
+        ..Default::default()
+    };
+    let consumer = ladle_consumer::Consumer::connect(fx.socket(), config).unwrap();
+    // In this process: 100 ms a batch (40 samples/s) until told otherwise, then none.
+    let step_ms = Arc::new(AtomicU64::new(100));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (step_ms, stop) = (step_ms.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut epochs = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let mut seen = Vec::new();
+                for batch in consumer.epoch() {
+                    seen.extend_from_slice(batch.unwrap().indices());
+                    // The training step this test emulates (its pace, not a wait).
+                    std::thread::sleep(Duration::from_millis(step_ms.load(Ordering::SeqCst)));
+                }
+                epochs.push(seen);
+            }
+            (epochs, consumer.skims(), consumer.skimming())
+        })
+    };
+    fx.wait_for_stats("the slow consumer skims", |s| {
+        named(s, "changing").is_some_and(|c| c.skimming)
+    });
+    step_ms.store(0, Ordering::SeqCst);
+    fx.wait_for_stats(
+        "the consumer, now as fast as the feed, paces it again",
+        |s| named(s, "changing").is_some_and(|c| c.attached && !c.skimming),
+    );
+    stop.store(true, Ordering::SeqCst);
+    let (epochs, skims, skimming) = reader.join().unwrap();
+    assert!(
+        skims >= 1 && !skimming,
+        "skims {skims}, skimming {skimming}"
+    );
+    assert!(epochs.len() >= 2, "{} epochs", epochs.len());
+    for (k, epoch) in epochs.iter().enumerate() {
+        let distinct: HashSet<u64> = epoch.iter().copied().collect();
+        assert_eq!(
+            (epoch.len(), distinct.len()),
+            (200, 200),
+            "epoch {k} is not exact"
+        );
+    }
+    fx.signal(fast, 9);
+    fx.wait(fast, GUARD);
+}
