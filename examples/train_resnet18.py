@@ -49,8 +49,9 @@ def ladle_batches(args, device):
         # torchrun's RANK and WORLD_SIZE. The name must stay the same when the job restarts
         # from its checkpoint: each rank's share of an epoch is dealt from it.
         group = {"group": args.group or f"resnet18-lr{args.lr}-b{args.batch_size}"}
-    consumer = ladle.Consumer(args.socket, args.batch_size, drop_last=True,
-                              name=f"resnet18-lr{args.lr}", **group)
+    # Named after its sweep run when a sweep runs it (`ladle cost` matches runs by name).
+    name = os.environ.get("LADLE_RUN") or f"resnet18-lr{args.lr}"
+    consumer = ladle.Consumer(args.socket, args.batch_size, drop_last=True, name=name, **group)
     num_classes = max(len(consumer.class_names), 1)
     args.consumer = consumer
     def batches():

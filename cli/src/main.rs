@@ -6,6 +6,7 @@
 
 mod bench;
 mod consume;
+mod cost;
 mod dataset;
 mod demo;
 mod embedded;
@@ -76,6 +77,9 @@ enum Command {
     /// Plot a recorded run: `ladle report DIR` writes PNGs and prints a summary; `ladle
     /// report --merge DIR…` merges the reports of a sweep's nodes or shards.
     Report(report::ReportArgs),
+    /// What a recorded sweep would cost on each cloud instance shape, with ladle and with
+    /// private pipelines, from its measured rates: `ladle cost REC --instances SHAPES.csv`.
+    Cost(cost::CostArgs),
     /// Watch the scheduler's GPUs and jobs and every feed's consumers, live: `ladle top`.
     Top(top::TopArgs),
 }
@@ -112,6 +116,10 @@ fn main() -> std::process::ExitCode {
         Command::Release(args) => scheduler::release(args),
         Command::Logs(args) => scheduler::logs(args),
         Command::Report(args) => match report::run(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
+        Command::Cost(args) => match cost::run(args) {
             Ok(code) => return code,
             Err(e) => Err(e),
         },

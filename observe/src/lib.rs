@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod cost;
 pub mod http;
 pub mod prometheus;
 pub mod record;

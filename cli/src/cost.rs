@@ -1,0 +1,127 @@
+//! `ladle cost REC --instances SHAPES.csv`: what a recorded sweep would cost on each instance
+//! shape, with ladle and with private pipelines, from its measured rates. The model and the
+//! reading of shapes live in `ladle_observe::cost` (pure); this is the command around them.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use ladle_observe::cost::{Basis, Estimate, Workload, read_shapes};
+use ladle_observe::report::Recording;
+use serde::Serialize;
+
+#[derive(Debug, Args)]
+pub(crate) struct CostArgs {
+    /// A sweep's recording (`ladle sweep --record DIR`).
+    #[arg(value_name = "REC")]
+    recording: PathBuf,
+    /// Instance shapes, a CSV with the header `name,vcpus,gpus,gpu_model,gpu_mem_gib,
+    /// usd_per_hour` (`examples/instances.csv` is one, its prices examples to edit).
+    #[arg(long, value_name = "SHAPES.csv")]
+    instances: PathBuf,
+    /// CPU milliseconds per sample of your own private pipeline (measured by you), instead of
+    /// the feed's decode cost (a lower bound of what private pipelines cost).
+    #[arg(long, value_name = "MS")]
+    private_cpu_ms: Option<f64>,
+    /// Print one JSON object (`workload`, `shapes`, `cheapest`) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Output<'a> {
+    workload: &'a Workload,
+    shapes: &'a [Estimate],
+    /// The shape whose sweep with ladle costs least.
+    cheapest: Option<&'a str>,
+    /// Shapes that cannot run the sweep, and why.
+    skipped: Vec<String>,
+}
+
+pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
+    let text = std::fs::read_to_string(&args.instances)
+        .with_context(|| format!("reading {}", args.instances.display()))?;
+    let shapes =
+        read_shapes(&text).map_err(|e| anyhow::anyhow!("{}: {e}", args.instances.display()))?;
+    let private = match args.private_cpu_ms {
+        Some(ms) if ms.is_finite() && ms > 0.0 => Some((ms / 1000.0, Basis::Given)),
+        Some(ms) => anyhow::bail!("--private-cpu-ms {ms}: a positive number of milliseconds"),
+        None => None,
+    };
+    let recording = Recording::read(&args.recording)?;
+    let workload = Workload::from_recording(&recording, private)?;
+    let mut estimates = Vec::new();
+    let mut skipped = Vec::new();
+    for shape in &shapes {
+        match workload.estimate(shape) {
+            Ok(e) => estimates.push(e),
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    let cheapest = (estimates.iter())
+        .min_by(|a, b| a.ladle.usd.total_cmp(&b.ladle.usd))
+        .map(|e| e.name.as_str());
+    if args.json {
+        let out = Output {
+            workload: &workload,
+            shapes: &estimates,
+            cheapest,
+            skipped,
+        };
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    print!("{}", table(&workload, &estimates, cheapest));
+    for why in skipped {
+        eprintln!("ladle cost: skipped {why}");
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The markdown table, the workload it rests on first.
+fn table(w: &Workload, estimates: &[Estimate], cheapest: Option<&str>) -> String {
+    let basis = match w.private_basis {
+        Basis::Measured => "measured",
+        Basis::LowerBound => "the feed's own decode cost: a lower bound",
+        Basis::Given => "given",
+    };
+    let mut out = format!(
+        "{} runs, {} samples; GPU-bound rate {:.0} samples/s per run (measured beside the \
+         runs that shared its GPU); CPU per sample consumed: {:.3} ms with ladle (each \
+         decoded sample served {:.2} runs), {:.3} ms with private pipelines ({basis})\n\n",
+        w.runs.len(),
+        w.samples(),
+        w.mean_gpu_bound_rate(),
+        1e3 * w.ladle_cpu_per_sample(),
+        w.sharing,
+        1e3 * w.private_cpu_per_sample(),
+    );
+    out.push_str(
+        "| shape | runs/GPU | ladle samples/s | ladle $ | ladle $/run | ladle min vCPU/GPU \
+         | private samples/s | private $ | private $/run | private min vCPU/GPU |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for e in estimates {
+        let name = if Some(e.name.as_str()) == cheapest {
+            format!("**{}** (cheapest)", e.name)
+        } else {
+            e.name.clone()
+        };
+        let (l, p) = (&e.ladle, &e.private);
+        out.push_str(&format!(
+            "| {name} | {} | {:.0} ({}) | {:.4} | {:.4} | {} | {:.0} ({}) | {:.4} | {:.4} | {} |\n",
+            e.runs_per_gpu,
+            l.samples_per_s,
+            l.bound,
+            l.usd,
+            l.usd_per_run,
+            l.min_vcpus_per_gpu,
+            p.samples_per_s,
+            p.bound,
+            p.usd,
+            p.usd_per_run,
+            p.min_vcpus_per_gpu,
+        ));
+    }
+    out
+}

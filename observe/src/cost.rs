@@ -1,0 +1,456 @@
+//! What a sweep costs on a cloud instance shape, with ladle and with private pipelines, from
+//! its measured rates: pure arithmetic (a [`Workload`] and [`Shape`]s in, [`Estimate`]s out),
+//! apart from reading recordings (`ladle cost`) and the sweep's end report.
+//!
+//! The model. A sweep is `R` runs that consume `S` samples in all. Each run, while it did not
+//! wait for data, went at its *GPU-bound rate* `g` (samples/s, measured where it ran, beside
+//! whatever runs shared its GPU: interference between collocated runs is in the measurement,
+//! not modelled). On a shape with `G` GPUs of `M` MiB, `⌊M / peak⌋` runs fit on a GPU (their
+//! measured memory peaks), so `min(R, G·fit)` run at once: the GPUs can take `min(R, G·fit)·ḡ`
+//! samples/s. The vCPUs can feed `vcpus / c` samples/s, where `c` is the CPU-seconds a sample
+//! consumed costs: the run's own process per sample, plus, with ladle, the feed's decode cost
+//! per sample decoded divided by how many runs each decoded sample served, or, with private
+//! pipelines, the private pipeline's cost per sample. The sweep goes at the lesser of the two,
+//! takes `S` over that, and costs its hours at the shape's price. Runs of one feed go at their
+//! own pace (a slow one skims: `producer`'s pacing), so the slowest run does not set the others'.
+
+use serde::{Deserialize, Serialize};
+
+/// One run as measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRate {
+    /// Its name.
+    pub name: String,
+    /// Samples it consumed.
+    pub samples: u64,
+    /// Seconds it ran, less the time it waited for data.
+    pub busy_seconds: f64,
+    /// Its highest GPU memory, MiB, when measured.
+    pub gpu_peak_mib: Option<u64>,
+}
+
+impl RunRate {
+    /// Samples per second while it did not wait for data (0 when it never was busy).
+    pub fn gpu_bound_rate(&self) -> f64 {
+        if self.busy_seconds > 0.0 {
+            self.samples as f64 / self.busy_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Where the private pipelines' cost per sample comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// Measured (`ladle bench baseline`: the user's transform in a DataLoader).
+    Measured,
+    /// The feed's own decode cost per sample: private pipelines cost at least this.
+    LowerBound,
+    /// A figure the user gave.
+    Given,
+}
+
+/// A measured sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Its runs.
+    pub runs: Vec<RunRate>,
+    /// CPU-seconds per sample the feed decoded.
+    pub feed_cpu_per_sample: f64,
+    /// Samples consumed over samples decoded: how many runs each decoded sample served.
+    pub sharing: f64,
+    /// CPU-seconds of the runs' own processes per sample they consumed (0 when unknown).
+    pub run_cpu_per_sample: f64,
+    /// CPU-seconds per sample of a private pipeline.
+    pub private_cpu_per_sample: f64,
+    /// Where that figure comes from.
+    pub private_basis: Basis,
+}
+
+/// A cloud instance shape (one row of `--instances`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shape {
+    /// Its name (`p5.48xlarge`).
+    pub name: String,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// GPUs.
+    pub gpus: u32,
+    /// The GPU's model, for the table.
+    pub gpu_model: String,
+    /// Memory per GPU, GiB.
+    pub gpu_mem_gib: f64,
+    /// Price per hour, dollars.
+    pub usd_per_hour: f64,
+}
+
+/// The sweep on one shape, with one way of loading data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Samples per second the sweep goes at.
+    pub samples_per_s: f64,
+    /// What bounds it: `"gpu"` or `"cpu"`.
+    pub bound: String,
+    /// Seconds the sweep takes.
+    pub wall_seconds: f64,
+    /// Its price.
+    pub usd: f64,
+    /// Its price per run.
+    pub usd_per_run: f64,
+    /// Its price per 1000 samples.
+    pub usd_per_1000_samples: f64,
+    /// The fewest vCPUs per GPU that keep the GPUs fed.
+    pub min_vcpus_per_gpu: u32,
+}
+
+/// The sweep on one shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The shape's name.
+    pub name: String,
+    /// Runs that fit on one of its GPUs (measured peaks).
+    pub runs_per_gpu: u32,
+    /// With ladle.
+    pub ladle: Plan,
+    /// With private pipelines.
+    pub private: Plan,
+}
+
+/// Why a shape cannot run the sweep.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CostError {
+    /// A run's memory peak is larger than the shape's GPU.
+    #[error("{shape}: a run needs {peak_mib} MiB of GPU memory, its GPUs have {gpu_mib} MiB")]
+    DoesNotFit {
+        /// The shape.
+        shape: String,
+        /// The largest peak.
+        peak_mib: u64,
+        /// The GPU's memory.
+        gpu_mib: u64,
+    },
+    /// The workload has no run that consumed anything while busy.
+    #[error("no run consumed samples while busy: nothing to scale")]
+    NoRate,
+    /// The shape has no GPU or no vCPU.
+    #[error("{0}: a shape needs at least one GPU and one vCPU")]
+    Empty(String),
+}
+
+impl Workload {
+    /// Samples the sweep consumes in all.
+    pub fn samples(&self) -> u64 {
+        self.runs.iter().map(|r| r.samples).sum()
+    }
+
+    /// The mean GPU-bound rate of its runs.
+    pub fn mean_gpu_bound_rate(&self) -> f64 {
+        let rates: Vec<f64> = (self.runs.iter())
+            .map(RunRate::gpu_bound_rate)
+            .filter(|&r| r > 0.0)
+            .collect();
+        if rates.is_empty() {
+            0.0
+        } else {
+            rates.iter().sum::<f64>() / rates.len() as f64
+        }
+    }
+
+    /// CPU-seconds per sample consumed with ladle.
+    pub fn ladle_cpu_per_sample(&self) -> f64 {
+        self.run_cpu_per_sample + self.feed_cpu_per_sample / self.sharing.max(1.0)
+    }
+
+    /// CPU-seconds per sample consumed with private pipelines.
+    pub fn private_cpu_per_sample(&self) -> f64 {
+        self.run_cpu_per_sample + self.private_cpu_per_sample
+    }
+
+    /// The sweep on `shape`.
+    pub fn estimate(&self, shape: &Shape) -> Result<Estimate, CostError> {
+        if shape.gpus == 0 || shape.vcpus == 0 {
+            return Err(CostError::Empty(shape.name.clone()));
+        }
+        let rate = self.mean_gpu_bound_rate();
+        if rate <= 0.0 {
+            return Err(CostError::NoRate);
+        }
+        let gpu_mib = (shape.gpu_mem_gib * 1024.0) as u64;
+        let peak = self.runs.iter().filter_map(|r| r.gpu_peak_mib).max();
+        let runs_per_gpu = match peak {
+            Some(0) | None => u32::MAX,
+            Some(peak) if peak > gpu_mib => {
+                return Err(CostError::DoesNotFit {
+                    shape: shape.name.clone(),
+                    peak_mib: peak,
+                    gpu_mib,
+                });
+            }
+            Some(peak) => u32::try_from(gpu_mib / peak).unwrap_or(u32::MAX),
+        };
+        let runs = u64::try_from(self.runs.len()).unwrap_or(u64::MAX).max(1);
+        let at_once = runs.min(u64::from(shape.gpus) * u64::from(runs_per_gpu));
+        let gpu_side = at_once as f64 * rate;
+        let plan = |cpu_per_sample: f64| self.plan(shape, gpu_side, cpu_per_sample);
+        Ok(Estimate {
+            name: shape.name.clone(),
+            runs_per_gpu: runs_per_gpu.min(u32::try_from(runs).unwrap_or(u32::MAX)),
+            ladle: plan(self.ladle_cpu_per_sample()),
+            private: plan(self.private_cpu_per_sample()),
+        })
+    }
+
+    fn plan(&self, shape: &Shape, gpu_side: f64, cpu_per_sample: f64) -> Plan {
+        let cpu_side = if cpu_per_sample > 0.0 {
+            f64::from(shape.vcpus) / cpu_per_sample
+        } else {
+            f64::INFINITY
+        };
+        let (samples_per_s, bound) = if cpu_side < gpu_side {
+            (cpu_side, "cpu")
+        } else {
+            (gpu_side, "gpu")
+        };
+        let samples = self.samples() as f64;
+        let wall_seconds = samples / samples_per_s;
+        let usd = wall_seconds / 3600.0 * shape.usd_per_hour;
+        let vcpus_to_feed = gpu_side * cpu_per_sample / f64::from(shape.gpus);
+        Plan {
+            samples_per_s,
+            bound: bound.to_owned(),
+            wall_seconds,
+            usd,
+            usd_per_run: usd / self.runs.len().max(1) as f64,
+            usd_per_1000_samples: usd / samples.max(1.0) * 1000.0,
+            min_vcpus_per_gpu: vcpus_to_feed.ceil().max(1.0) as u32,
+        }
+    }
+}
+
+/// What a recording lacks to make a [`Workload`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    /// No `report.json`: not a sweep's recording.
+    #[error(
+        "{0} holds no sweep report (report.json): record a sweep with `ladle sweep --record DIR`"
+    )]
+    NoReport(String),
+    /// No `consumers.csv`, or no row of a run.
+    #[error("{0} has no consumer rows (consumers.csv): the runs' rates are unknown")]
+    NoConsumers(String),
+    /// The feed decoded nothing (a sweep of a feed that was already serving).
+    #[error("the sweep's feed decoded nothing it can count (a feed that was already serving?)")]
+    NoFeed,
+}
+
+impl Workload {
+    /// The workload a sweep's recording measured. Each run's samples, time and wait come
+    /// from its consumer's rows (the feed names a consumer after its run), its memory peak
+    /// from its job's rows; the feed's CPU per sample from the report. `private`: CPU-seconds
+    /// per sample of a private pipeline, measured or given, else the feed's own decode cost
+    /// (a lower bound).
+    pub fn from_recording(
+        recording: &crate::report::Recording,
+        private: Option<(f64, Basis)>,
+    ) -> Result<Self, WorkloadError> {
+        let dir = recording.dir.display().to_string();
+        let report =
+            (recording.report.as_ref()).ok_or_else(|| WorkloadError::NoReport(dir.clone()))?;
+        let rows = (recording.consumers.as_ref())
+            .ok_or_else(|| WorkloadError::NoConsumers(dir.clone()))?;
+        let mut runs = Vec::new();
+        for run in &report.runs {
+            let mine: Vec<_> = rows.iter().filter(|r| r.name == run.name).collect();
+            let (Some(first), Some(last)) = (mine.first(), mine.last()) else {
+                continue;
+            };
+            let samples = mine.iter().map(|r| r.released).max().unwrap_or(0);
+            let waited = mine.iter().map(|r| r.waited_s).fold(0.0, f64::max);
+            // From its first look to its last, at least its first second (one look).
+            let seconds = (last.time - first.time).max(1.0);
+            let peak = (recording.jobs.iter().flatten())
+                .filter(|j| j.name == run.name)
+                .filter_map(|j| j.peak_mib)
+                .max();
+            runs.push(RunRate {
+                name: run.name.clone(),
+                samples,
+                busy_seconds: (seconds - waited).max(0.0),
+                gpu_peak_mib: peak,
+            });
+        }
+        if runs.is_empty() {
+            return Err(WorkloadError::NoConsumers(dir));
+        }
+        let feed = &report.feed;
+        if feed.samples_published == 0 {
+            return Err(WorkloadError::NoFeed);
+        }
+        let feed_cpu_per_sample = feed.cpu_seconds / feed.samples_published as f64;
+        let consumed = feed.samples_consumed.max(1) as f64;
+        let runs_cpu = (report.cpu_seconds - feed.cpu_seconds).max(0.0);
+        let (private_cpu_per_sample, private_basis) =
+            private.unwrap_or((feed_cpu_per_sample, Basis::LowerBound));
+        Ok(Self {
+            runs,
+            feed_cpu_per_sample,
+            sharing: consumed / feed.samples_published as f64,
+            run_cpu_per_sample: runs_cpu / consumed,
+            private_cpu_per_sample,
+            private_basis,
+        })
+    }
+}
+
+/// Reads instance shapes from CSV text with the header
+/// `name,vcpus,gpus,gpu_model,gpu_mem_gib,usd_per_hour` (lines starting with `#` are
+/// comments); errors name the line.
+pub fn read_shapes(text: &str) -> Result<Vec<Shape>, String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .comment(Some(b'#'))
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let expected = [
+        "name",
+        "vcpus",
+        "gpus",
+        "gpu_model",
+        "gpu_mem_gib",
+        "usd_per_hour",
+    ];
+    let header = reader.headers().map_err(|e| e.to_string())?.clone();
+    if header.iter().collect::<Vec<_>>() != expected {
+        return Err(format!(
+            "the header must be `{}`, not `{}`",
+            expected.join(","),
+            header.iter().collect::<Vec<_>>().join(",")
+        ));
+    }
+    let mut shapes = Vec::new();
+    for row in reader.deserialize::<Shape>() {
+        let shape = row.map_err(|e| {
+            let line = e.position().map_or(0, csv::Position::line);
+            match e.kind() {
+                csv::ErrorKind::Deserialize { err, .. } => {
+                    let field = err.field().and_then(|k| expected.get(k as usize));
+                    format!(
+                        "line {line}: {}: {}",
+                        field.unwrap_or(&"a field"),
+                        err.kind()
+                    )
+                }
+                _ => format!("line {line}: {e}"),
+            }
+        })?;
+        shapes.push(shape);
+    }
+    if shapes.is_empty() {
+        return Err("no shape listed".into());
+    }
+    Ok(shapes)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn workload() -> Workload {
+        // Four runs of 10 000 samples, each 100 samples/s while busy, 4 GiB peaks; the feed
+        // costs 1 ms of CPU per sample decoded and served all four; a private pipeline 1 ms.
+        Workload {
+            runs: (0..4)
+                .map(|k| RunRate {
+                    name: format!("run-{k:02}"),
+                    samples: 10_000,
+                    busy_seconds: 100.0,
+                    gpu_peak_mib: Some(4096),
+                })
+                .collect(),
+            feed_cpu_per_sample: 0.001,
+            sharing: 4.0,
+            run_cpu_per_sample: 0.0,
+            private_cpu_per_sample: 0.001,
+            private_basis: Basis::LowerBound,
+        }
+    }
+
+    fn shape(vcpus: u32, gpus: u32, gib: f64, usd: f64) -> Shape {
+        Shape {
+            name: format!("{vcpus}c{gpus}g"),
+            vcpus,
+            gpus,
+            gpu_model: "H100".into(),
+            gpu_mem_gib: gib,
+            usd_per_hour: usd,
+        }
+    }
+
+    #[test]
+    fn the_gpus_bound_a_sweep_with_cores_to_spare_and_the_cores_one_without() {
+        let w = workload();
+        // One GPU of 16 GiB: all four fit, 400 samples/s; 1 vCPU feeds 1000 with private
+        // pipelines, 4000 with ladle: both GPU-bound, the same price.
+        let e = w.estimate(&shape(1, 1, 16.0, 3.6)).unwrap();
+        assert_eq!(e.runs_per_gpu, 4);
+        for plan in [&e.ladle, &e.private] {
+            assert_eq!(plan.bound, "gpu");
+            assert!((plan.samples_per_s - 400.0).abs() < 1e-9);
+            assert!((plan.wall_seconds - 100.0).abs() < 1e-9);
+            assert!((plan.usd - 0.1).abs() < 1e-9);
+        }
+        // GPUs ten times faster: one vCPU no longer feeds them privately.
+        let mut fast = w.clone();
+        for r in &mut fast.runs {
+            r.busy_seconds = 10.0;
+        }
+        let e = fast.estimate(&shape(1, 1, 16.0, 3.6)).unwrap();
+        assert_eq!(e.private.bound, "cpu");
+        assert!((e.private.samples_per_s - 1000.0).abs() < 1e-9);
+        assert!((e.ladle.samples_per_s - 4000.0).abs() < 1e-9);
+        assert!(e.private.usd > 3.9 * e.ladle.usd, "{e:?}");
+        // Keeping 4000 samples/s fed: 4 vCPUs privately, 1 with ladle.
+        assert_eq!(
+            (e.private.min_vcpus_per_gpu, e.ladle.min_vcpus_per_gpu),
+            (4, 1)
+        );
+    }
+
+    #[test]
+    fn runs_that_do_not_all_fit_on_the_gpus_run_in_turns() {
+        let w = workload();
+        // 10 GiB: two runs of 4 GiB per GPU, one GPU: 200 samples/s, twice as long.
+        let e = w.estimate(&shape(64, 1, 10.0, 3.6)).unwrap();
+        assert_eq!(e.runs_per_gpu, 2);
+        assert!((e.ladle.wall_seconds - 200.0).abs() < 1e-9);
+        assert!((e.ladle.usd_per_run - 0.05).abs() < 1e-9);
+        let err = w.estimate(&shape(64, 1, 2.0, 3.6)).unwrap_err();
+        assert!(
+            matches!(err, CostError::DoesNotFit { peak_mib: 4096, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn shapes_are_read_with_their_header_and_errors_name_the_line() {
+        let text = "# prices are examples\nname,vcpus,gpus,gpu_model,gpu_mem_gib,usd_per_hour\n\
+                    small, 8, 1, L4, 24, 0.8\nbig,192,8,H100,80,98.32\n";
+        let shapes = read_shapes(text).unwrap();
+        assert_eq!(shapes.len(), 2);
+        let big = Shape {
+            name: "big".into(),
+            ..shape(192, 8, 80.0, 98.32)
+        };
+        assert_eq!(shapes[1], big);
+        let bad = "name,vcpus,gpus,gpu_model,gpu_mem_gib,usd_per_hour\nx,many,1,L4,24,1\n";
+        let e = read_shapes(bad).unwrap_err();
+        assert!(e.contains("line 2") && e.contains("vcpus"), "{e}");
+        assert!(
+            read_shapes("name,cpus\nx,1\n")
+                .unwrap_err()
+                .contains("header")
+        );
+    }
+}

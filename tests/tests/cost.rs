@@ -1,0 +1,106 @@
+//! `ladle cost REC --instances SHAPES.csv` on a real recorded sweep (issue 30): every shape
+//! priced with ladle and with private pipelines, the cheapest named, bad shapes refused
+//! naming the line.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::time::Duration;
+
+use ladle_tests::{Fixture, ladle_bin, sim_sweep};
+
+const GUARD: Duration = Duration::from_secs(300);
+
+#[test]
+fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(200, 40, 30);
+    let out = fx.path().join("sweep");
+    let rec = fx.path().join("rec");
+    let ladle = ladle_bin().to_str().unwrap();
+    let sweep = sim_sweep(&data, &out);
+    let done = fx.run(
+        &[
+            &sweep.iter().map(String::as_str).collect::<Vec<_>>()[..],
+            &["--gpu-mem", "2GiB", "--record", rec.to_str().unwrap(), "--"],
+            &[ladle, "consume", "--batch-size", "{16,32}", "--epochs", "3"],
+            // Long enough for a few looks (the recording is at 1 Hz).
+            &["--step-ms", "100"],
+        ]
+        .concat(),
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let shapes = fx.path().join("shapes.csv");
+    std::fs::write(
+        &shapes,
+        "# example prices\nname,vcpus,gpus,gpu_model,gpu_mem_gib,usd_per_hour\n\
+         one,4,1,L4,24,1.0\ntwo,8,2,L4,24,1.5\ntiny,4,1,T,1,0.1\n",
+    )
+    .unwrap();
+    let rec_arg = rec.to_str().unwrap();
+    let shapes_arg = shapes.to_str().unwrap();
+    let priced = fx.run(
+        &["cost", rec_arg, "--instances", shapes_arg, "--json"],
+        GUARD,
+    );
+    assert!(priced.status.success(), "{}", priced.stderr);
+    let v: serde_json::Value = serde_json::from_str(priced.stdout.trim()).unwrap();
+    assert_eq!(v["workload"]["runs"].as_array().unwrap().len(), 2, "{v}");
+    let listed = v["shapes"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "tiny cannot hold a 2 GiB run: {v}");
+    assert!(v["skipped"][0].as_str().unwrap().contains("tiny"), "{v}");
+    for shape in listed {
+        for way in ["ladle", "private"] {
+            let plan = &shape[way];
+            for key in ["samples_per_s", "wall_seconds", "usd", "usd_per_run"] {
+                assert!(plan[key].as_f64().unwrap() > 0.0, "{way} {key}: {shape}");
+            }
+            assert!(plan["min_vcpus_per_gpu"].as_u64().unwrap() >= 1, "{shape}");
+        }
+        // Private pipelines cost at least the feed's decode per sample: never less.
+        assert!(
+            shape["ladle"]["usd"].as_f64().unwrap() <= shape["private"]["usd"].as_f64().unwrap(),
+            "{shape}"
+        );
+    }
+    assert!(listed.iter().any(|s| s["name"] == v["cheapest"]), "{v}");
+    // The table names the cheapest; a given private cost is stated as given.
+    let table = fx.run(
+        &[
+            "cost",
+            rec_arg,
+            "--instances",
+            shapes_arg,
+            "--private-cpu-ms",
+            "5",
+        ],
+        GUARD,
+    );
+    assert!(table.status.success(), "{}", table.stderr);
+    assert!(table.stdout.contains("(cheapest)"), "{}", table.stdout);
+    assert!(table.stdout.contains("(given)"), "{}", table.stdout);
+
+    // Not a sweep's recording: said so, naming the directory.
+    let empty = fx.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let refused = fx.run(
+        &["cost", empty.to_str().unwrap(), "--instances", shapes_arg],
+        GUARD,
+    );
+    assert!(!refused.status.success());
+    assert!(refused.stderr.contains("empty"), "{}", refused.stderr);
+    std::fs::write(
+        &shapes,
+        "name,vcpus,gpus,gpu_model,gpu_mem_gib,usd_per_hour\nok,4,1,L4,24,1\nbad,four,1,L4,24,1\n",
+    )
+    .unwrap();
+    let refused = fx.run(&["cost", rec_arg, "--instances", shapes_arg], GUARD);
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("shapes.csv")
+            && refused.stderr.contains("line 3")
+            && refused.stderr.contains("vcpus"),
+        "{}",
+        refused.stderr
+    );
+}
