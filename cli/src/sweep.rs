@@ -351,6 +351,15 @@ pub(crate) fn print_report(report: &SweepReport, json: bool) -> anyhow::Result<(
          about {:.1} CPU-s",
         c.cpu_seconds, c.gpu_hours, report.wall_seconds, c.private_pipelines_cpu_seconds
     );
+    if let (Some(wall), Some(gpu_hours)) = (
+        c.private_pipelines_wall_seconds,
+        c.private_pipelines_gpu_hours,
+    ) {
+        println!(
+            "with private pipelines on these cores: at least {wall:.1} s and {gpu_hours:.4} \
+             GPU-hours (`ladle cost` prices other instance shapes)"
+        );
+    }
     if let (Some(d), Some(p)) = (c.dollars, c.private_pipelines_dollars) {
         println!("dollars: {d:.4} (private pipelines: about {p:.4})");
     }

@@ -290,7 +290,11 @@ impl Workload {
         }
         let feed_cpu_per_sample = feed.cpu_seconds / feed.samples_published as f64;
         let consumed = feed.samples_consumed.max(1) as f64;
-        let runs_cpu = (report.cpu_seconds - feed.cpu_seconds).max(0.0);
+        // The report's private-pipeline CPU is the runs' own plus the feed's cost per sample
+        // for each sample they consumed: what is left is the runs' own.
+        let runs_cpu = (report.cost.private_pipelines_cpu_seconds
+            - feed_cpu_per_sample * feed.samples_consumed as f64)
+            .max(0.0);
         let (private_cpu_per_sample, private_basis) =
             private.unwrap_or((feed_cpu_per_sample, Basis::LowerBound));
         Ok(Self {

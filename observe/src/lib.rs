@@ -300,6 +300,7 @@ mod tests {
             pid: 7,
             uptime_s: 1.0,
             cpu_s: 0.5,
+            decode_cpu_s: 0.25,
             published: 10,
             bad: 0,
             occupancy: 0,

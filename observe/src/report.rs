@@ -95,7 +95,8 @@ pub struct FeedReport {
     pub samples_consumed: u64,
     /// Samples that could not be decoded.
     pub bad_samples: u64,
-    /// CPU time of the sweep process: the feed's decode threads, and the private scheduler.
+    /// CPU time of the feed's decode threads (before protocol version 9: of the whole sweep
+    /// process, its private scheduler included).
     pub cpu_seconds: f64,
 }
 
@@ -112,8 +113,18 @@ pub struct Cost {
     /// The same runs each with a private pipeline: the runs' own CPU time plus the feed's
     /// measured decode cost per sample times the samples they consumed.
     pub private_pipelines_cpu_seconds: f64,
-    /// Its price, when prices were given.
+    /// Its price, when prices were given: the private pipelines' CPU, and the GPU-hours of
+    /// runs that would have taken `private_pipelines_wall_seconds`.
     pub private_pipelines_dollars: Option<f64>,
+    /// How long the sweep would have taken with private pipelines on the same cores: its
+    /// measured wall time, or longer when the runs' own CPU and their private decoding need
+    /// more than the cores give in that time (the cost model's CPU side:
+    /// `ladle_observe::cost`).
+    #[serde(default)]
+    pub private_pipelines_wall_seconds: Option<f64>,
+    /// The runs' GPU-hours at that wall time.
+    #[serde(default)]
+    pub private_pipelines_gpu_hours: Option<f64>,
 }
 
 /// Why a recording cannot be read.

@@ -400,6 +400,7 @@ mod tests {
             pid: 7,
             uptime_s,
             cpu_s: uptime_s / 2.0,
+            decode_cpu_s: uptime_s / 3.0,
             published,
             bad: 0,
             occupancy: 10,

@@ -283,6 +283,10 @@ pub struct FeedStats {
     pub uptime_s: f64,
     /// CPU seconds (user + system) the producer's process has used, all threads.
     pub cpu_s: f64,
+    /// CPU seconds its decode threads have used: the feed's own cost, without what else its
+    /// process runs (a sweep's scheduler, a recorder).
+    #[serde(default)]
+    pub decode_cpu_s: f64,
     /// Samples published (decoded, augmented and written), bad ones included: the head.
     pub published: u64,
     /// Of them, bad samples (zero image, label −1).
@@ -593,6 +597,7 @@ mod tests {
             pid: 1,
             uptime_s: 1e9,
             cpu_s: 1e9,
+            decode_cpu_s: 1e9,
             published: u64::MAX,
             bad: u64::MAX,
             occupancy: u64::MAX,

@@ -601,7 +601,8 @@ pub fn run(
         None => None,
     };
     let (published, consumed, bad) =
-        served.map_or((0, 0, 0), |s| (s.published, s.consumed, s.bad_samples));
+        (served.as_ref()).map_or((0, 0, 0), |s| (s.published, s.consumed, s.bad_samples));
+    let decode_cpu = (served.as_ref()).map_or(0.0, |s| s.decode_cpu.as_secs_f64());
     let wall = started.elapsed().as_secs_f64();
     let own_cpu = ladle_procs::cpu_time(ladle_procs::Usage::Myself).as_secs_f64();
     let runs_cpu = ladle_procs::cpu_time(ladle_procs::Usage::Children).as_secs_f64();
@@ -609,8 +610,13 @@ pub fn run(
         .iter()
         .map(|r| r.seconds.unwrap_or(0.0) * r.gpu.len().max(1) as f64 / 3600.0)
         .sum();
-    let per_sample = own_cpu / published.max(1) as f64;
+    let per_sample = decode_cpu / published.max(1) as f64;
     let private_cpu = runs_cpu + per_sample * consumed as f64;
+    // Private pipelines on the same cores: the runs' CPU and their decoding must fit in the
+    // cores' time, else the sweep takes longer and its runs hold their GPUs longer.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let private_wall = wall.max(private_cpu / cores);
+    let private_gpu_hours = gpu_hours * private_wall / wall.max(f64::MIN_POSITIVE);
     let report = SweepReport {
         runs: reports,
         feed: FeedReport {
@@ -619,7 +625,7 @@ pub fn run(
             samples_published: published,
             samples_consumed: consumed,
             bad_samples: bad,
-            cpu_seconds: own_cpu,
+            cpu_seconds: decode_cpu,
         },
         wall_seconds: wall,
         cpu_seconds: own_cpu + runs_cpu,
@@ -628,7 +634,9 @@ pub fn run(
             gpu_hours,
             dollars: prices.price(own_cpu + runs_cpu, gpu_hours),
             private_pipelines_cpu_seconds: private_cpu,
-            private_pipelines_dollars: prices.price(private_cpu, gpu_hours),
+            private_pipelines_dollars: prices.price(private_cpu, private_gpu_hours),
+            private_pipelines_wall_seconds: Some(private_wall),
+            private_pipelines_gpu_hours: Some(private_gpu_hours),
         },
         nodes: Vec::new(),
     };

@@ -347,6 +347,12 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
             dollars: dollars(&|c| c.dollars),
             private_pipelines_cpu_seconds: sum(&|r| r.cost.private_pipelines_cpu_seconds),
             private_pipelines_dollars: dollars(&|c| c.private_pipelines_dollars),
+            private_pipelines_wall_seconds: (reports.iter())
+                .filter_map(|r| r.cost.private_pipelines_wall_seconds)
+                .reduce(f64::max),
+            private_pipelines_gpu_hours: (reports.iter())
+                .filter_map(|r| r.cost.private_pipelines_gpu_hours)
+                .reduce(|a, b| a + b),
         },
         nodes: nodes
             .iter()
@@ -413,6 +419,8 @@ mod tests {
                 dollars: None,
                 private_pipelines_cpu_seconds: 3.0,
                 private_pipelines_dollars: None,
+                private_pipelines_wall_seconds: None,
+                private_pipelines_gpu_hours: None,
             },
             nodes: Vec::new(),
         }

@@ -30,6 +30,20 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
         GUARD,
     );
     assert!(done.status.success(), "{}", done.stderr);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rec.join("report.json")).unwrap()).unwrap();
+    // The feed's CPU is its decode threads' (less than the sweep process's, which also ran
+    // the scheduler and the recorder), and private pipelines never finish sooner.
+    let feed_cpu = report["feed"]["cpu_seconds"].as_f64().unwrap();
+    assert!(
+        feed_cpu > 0.0 && feed_cpu < report["cpu_seconds"].as_f64().unwrap(),
+        "{report}"
+    );
+    let wall = report["wall_seconds"].as_f64().unwrap();
+    let private_wall = report["cost"]["private_pipelines_wall_seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(private_wall >= wall, "{report}");
     let shapes = fx.path().join("shapes.csv");
     std::fs::write(
         &shapes,
