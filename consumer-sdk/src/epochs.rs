@@ -28,11 +28,12 @@ pub struct Epochs {
     group: Option<GroupSpec>,
     batch: u64,
     drop_last: bool,
-    /// Where epoch `first_epoch` starts: epoch `k` is `[base + (k − first_epoch)·N, …)`, `N`
-    /// sequences. Moves only on a rejoin.
+    /// Where epoch `base_epoch` starts: epoch `k` is `[base + (k − base_epoch)·N, …)`, `N`
+    /// sequences; epochs before `base_epoch` have no window. Both move on a rejoin.
     base: u64,
-    /// The number of the first epoch: 0, or the epoch of a loaded position.
-    first_epoch: u64,
+    /// The epoch whose window starts at `base`: 0, the epoch of a loaded position, or the
+    /// epoch a rejoin continued.
+    base_epoch: u64,
     /// The number the next epoch to begin gets.
     next_epoch: u64,
     /// The epoch begun last; older epochs yield nothing more.
@@ -94,7 +95,7 @@ impl Epochs {
             batch: u64::from(batch.max(1)),
             drop_last,
             base: start,
-            first_epoch: 0,
+            base_epoch: 0,
             next_epoch: 0,
             current: None,
             plan: EpochPlan::try_whole(n)?,
@@ -161,7 +162,7 @@ impl Epochs {
     /// Where epoch `number`'s window starts, `None` before the first epoch or past 2^64.
     pub fn start(&self, number: u64) -> Option<u64> {
         number
-            .checked_sub(self.first_epoch)
+            .checked_sub(self.base_epoch)
             .and_then(|k| k.checked_mul(self.n))
             .and_then(|offset| self.base.checked_add(offset))
     }
@@ -226,9 +227,9 @@ impl Epochs {
     /// epoch in progress goes on in the window `[start, start + N)` (gathered: only what it
     /// has not delivered) when it has delivered part of its plan; an epoch that delivered
     /// nothing starts over at `start`; otherwise the next epoch will start there. Returns the
-    /// sequence to read from (`start`, or further when the window would start before the
-    /// first epoch's), or `Err(number)` when that epoch would start past 2^64.
-    pub fn rejoined(&mut self, start: u64) -> Result<u64, u64> {
+    /// sequence to read from: `start`. (The windows are rebased on that epoch: however many
+    /// epochs a skimming consumer began, or a consumer abandoned, its next window is here.)
+    pub fn rejoined(&mut self, start: u64) -> u64 {
         self.skimming = false;
         let gathered = self.group.is_some();
         let (number, gathered) = match self.current {
@@ -236,13 +237,10 @@ impl Epochs {
             Some(k) if self.plan.delivered() == 0 => (k, gathered),
             _ => (self.next_epoch, gathered),
         };
-        let offset = number
-            .checked_sub(self.first_epoch)
-            .and_then(|k| k.checked_mul(self.n))
-            .ok_or(number)?;
-        self.base = start.saturating_sub(offset);
+        self.base = start;
+        self.base_epoch = number;
         self.gathered = gathered;
-        Ok(start.max(offset))
+        start
     }
 
     /// Loads a saved position (its epoch and what that epoch had delivered) before the first
@@ -257,7 +255,7 @@ impl Epochs {
         };
         plan.restore(delivered)?;
         self.next_epoch = epoch;
-        self.first_epoch = epoch;
+        self.base_epoch = epoch;
         self.resume = Some(delivered.clone());
         Ok(())
     }
@@ -323,7 +321,7 @@ mod tests {
         e.begin().unwrap();
         assert_eq!(
             e.rejoined(25),
-            Ok(25),
+            25,
             "nothing delivered: the epoch starts at 25"
         );
         assert!(!e.gathered());
@@ -331,7 +329,7 @@ mod tests {
         for i in 0..3 {
             e.deliver(i);
         }
-        assert_eq!(e.rejoined(40), Ok(40));
+        assert_eq!(e.rejoined(40), 40);
         assert!(e.gathered(), "part delivered: the rest is gathered");
         assert_eq!(e.end(0), Some(50));
         assert_eq!(e.saved().1.count(), 3);
@@ -340,7 +338,7 @@ mod tests {
             e.deliver(i);
         }
         assert!(e.is_complete());
-        assert_eq!(e.rejoined(61), Ok(61));
+        assert_eq!(e.rejoined(61), 61);
         assert_eq!(
             e.begin().unwrap(),
             Begun {
@@ -361,7 +359,7 @@ mod tests {
             assert!(e.deliver(i));
         }
         assert!(!e.deliver(2), "once per epoch");
-        assert_eq!(e.rejoined(50), Ok(50));
+        assert_eq!(e.rejoined(50), 50);
         assert!(
             !e.skimming() && e.gathered(),
             "the rest in the window from 50"
@@ -378,6 +376,18 @@ mod tests {
             e.gathered() && e.deliver(3),
             "the next epoch wants everything again"
         );
+        // Epochs begun (and abandoned) while skimming do not push the next window far away.
+        for _ in 0..50 {
+            e.begin().unwrap();
+        }
+        let number = e.current().unwrap();
+        assert_eq!(e.rejoined(1000), 1000);
+        assert_eq!(
+            e.start(number),
+            Some(1000),
+            "rebased on the epoch in progress"
+        );
+        assert_eq!(e.end(number), Some(1010));
     }
 
     #[test]

@@ -284,7 +284,7 @@ mod model {
                             cuts.add(seq % n);
                             r.start = seq;
                             // The epoch in progress goes on from the rejoin point.
-                            r.next_seq = r.epochs.rejoined(seq).unwrap();
+                            r.next_seq = r.epochs.rejoined(seq);
                         }
                         Event::KillAndResume { which } if !readers.is_empty() => {
                             let i = which % readers.len();

@@ -311,10 +311,11 @@ impl Member {
         }
     }
 
-    /// What it delivered while skimming (since it began to).
-    pub(crate) fn skimmed(&self) -> u64 {
+    /// What it delivered while skimming (since it began to), as its page says: at most what
+    /// was published (`head`), whatever a hostile consumer writes there.
+    pub(crate) fn skimmed(&self, head: u64) -> u64 {
         if self.skimming {
-            self.page.delivered().saturating_sub(self.delivered_base)
+            (self.page.delivered().saturating_sub(self.delivered_base)).min(head)
         } else {
             0
         }
@@ -328,14 +329,15 @@ impl Member {
     }
 
     /// What it has released, over all its attachments (while skimming: what it delivered).
-    fn released(&self) -> u64 {
-        self.released_before
-            + self.skimmed()
-            + if self.attached {
-                self.page.cursor().saturating_sub(self.start)
-            } else {
-                0
-            }
+    fn released(&self, head: u64) -> u64 {
+        let live = if self.attached {
+            self.page.cursor().saturating_sub(self.start)
+        } else {
+            0
+        };
+        (self.released_before)
+            .saturating_add(self.skimmed(head))
+            .saturating_add(live)
     }
 }
 
@@ -435,7 +437,8 @@ impl Shared {
             state.cuts.remove(m.start % self.info.len);
             self.count_consumed(&m);
         }
-        self.consumed.fetch_add(m.skimmed(), Ordering::Relaxed);
+        let head = self.ring.head();
+        self.consumed.fetch_add(m.skimmed(head), Ordering::Relaxed);
         Some(m)
     }
 
@@ -572,7 +575,7 @@ impl Shared {
                     pid: m.pid,
                     batch_size: m.batch_size,
                     connected_s: now.saturating_duration_since(m.joined).as_secs_f64(),
-                    released: m.released(),
+                    released: m.released(head),
                     lag,
                     attached: m.attached,
                     holding_back_s: holding.map(|d| d.as_secs_f64()),
@@ -948,10 +951,19 @@ impl Producer {
         let live: u64 = state
             .members
             .iter()
-            .filter(|m| m.attached)
-            .map(|m| m.page.cursor().saturating_sub(m.start))
-            .sum();
-        self.shared.consumed.load(Ordering::Relaxed) + live
+            .map(|m| {
+                let head = self.shared.ring.head();
+                if m.attached {
+                    m.page.cursor().saturating_sub(m.start)
+                } else {
+                    m.skimmed(head)
+                }
+            })
+            .fold(0u64, u64::saturating_add);
+        self.shared
+            .consumed
+            .load(Ordering::Relaxed)
+            .saturating_add(live)
     }
 
     /// Every connected consumer: its name, what it has released, whether it holds the feed

@@ -279,7 +279,7 @@ impl ProducerRing {
             };
         }
         publisher.next += 1;
-        // Before the slot is written (in this thread, once the loan is returned): a
+        // Before the slot is written (`WriteLoan::slot` fences again in the writing thread): a
         // skimming consumer that copies `seq − C` must learn it may be torn.
         self.lend(seq + 1);
         Gate::Loan(WriteLoan {
@@ -333,6 +333,11 @@ impl WriteLoan<'_> {
 
     /// The slot's fields, dataset index and flags, writable.
     pub fn slot(&mut self) -> SlotMut<'_> {
+        // The loan may have been taken on another thread (the pipeline hands loans to its
+        // workers): the seqlock's `Release` fence must precede the slot's writes in the thread
+        // that makes them (`protocol_core::lend`; the loan's hand-over orders the `lent` record
+        // before it).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         // SAFETY: this loan is the only one for `seq` (lent once, in order), the slot's
         // previous sample is released by every attached reader, and `seq` is at or above
         // the head until `commit`; the module docs give the argument. `&mut self` keeps the

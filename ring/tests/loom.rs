@@ -114,6 +114,8 @@ fn a_delivery_and_a_let_go_against_an_older_word_never_both_succeed() {
 /// The skimming consumer's seqlock: it holds no cursor, copies a sample (two words, so a
 /// copy can be torn) and then asks `intact_from`. Whatever word of the newer sample its copy
 /// saw, the check must say the copy may be torn: a copy judged intact is the old sample whole.
+/// As in the producer, the loan is taken on one thread (the feeder, `lend`) and handed to
+/// another that writes the slot after its own `Release` fence (`WriteLoan::slot`).
 #[test]
 fn a_skimmed_copy_judged_intact_is_never_torn() {
     let mut model = loom::model::Builder::new();
@@ -122,11 +124,22 @@ fn a_skimmed_copy_judged_intact_is_never_torn() {
         // One slot holding sequence 0 (both words 0), every sequence below 1 lent.
         let lent = Arc::new(AtomicU64::new(1));
         let words = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-        let producer = {
-            let (lent, words) = (lent.clone(), words.clone());
+        let handed = Arc::new(AtomicU32::new(0));
+        let feeder = {
+            let (lent, handed) = (lent.clone(), handed.clone());
             loom::thread::spawn(move || {
-                // Sequence 1 takes the slot of sequence 0.
+                // Sequence 1 takes the slot of sequence 0; the loan goes to a worker.
                 lend(&lent, 2);
+                handed.store(1, Ordering::Release);
+            })
+        };
+        let producer = {
+            let (words, handed) = (words.clone(), handed.clone());
+            loom::thread::spawn(move || {
+                if handed.load(Ordering::Acquire) == 0 {
+                    return; // not handed over in this interleaving: nothing written
+                }
+                loom::sync::atomic::fence(Ordering::Release);
                 words[0].store(1, Ordering::Relaxed);
                 words[1].store(1, Ordering::Relaxed);
             })
@@ -138,6 +151,7 @@ fn a_skimmed_copy_judged_intact_is_never_torn() {
         if intact_from(&lent, 1) == 0 {
             assert_eq!(copy, [0, 0], "a copy judged intact held a newer sample");
         }
+        feeder.join().unwrap();
         producer.join().unwrap();
     });
 }

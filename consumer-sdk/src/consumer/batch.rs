@@ -51,6 +51,32 @@ impl Owned {
         self.indices.len()
     }
 
+    /// Appends `other`'s samples from `from` on, the first of them sequence `first_seq`.
+    pub(super) fn append_tail(
+        &mut self,
+        other: &Owned,
+        from: usize,
+        first_seq: u64,
+        schema: &Schema,
+    ) {
+        if from >= other.len() {
+            return;
+        }
+        if self.is_empty() {
+            self.first_seq = first_seq;
+        }
+        for ((mine, theirs), field) in self
+            .fields
+            .iter_mut()
+            .zip(&other.fields)
+            .zip(schema.fields())
+        {
+            mine.extend(&theirs.as_bytes()[from * field.bytes()..]);
+        }
+        self.indices.extend_from_slice(&other.indices[from..]);
+        self.flags.extend_from_slice(&other.flags[from..]);
+    }
+
     /// Keeps the first `samples` samples.
     pub(super) fn truncate(&mut self, samples: usize, schema: &Schema) {
         for (owned, field) in self.fields.iter_mut().zip(schema.fields()) {
@@ -141,7 +167,8 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                     first,
                     count,
                     generation,
-                }) => (first, count, generation),
+                    skims,
+                }) => (first, count, (generation, skims)),
                 Ok(Reserve::CatchUp) => match consumer.next_catch_up(self.number) {
                     Ok(Some(owned)) => {
                         return Some(Ok(BatchOf {
@@ -178,7 +205,7 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                         // `count <= batch_size <= capacity / 2`, checked at connect.
                         len: count as usize,
                         epoch: self.number,
-                        generation,
+                        generation: generation.0,
                         owned: None,
                     }));
                 }

@@ -98,7 +98,8 @@ struct State {
     pace: Option<crate::skim::SkimPace>,
     /// Times it was let go and rejoined.
     rejoins: u64,
-    /// Times it was asked to skim.
+    /// Times it was asked to skim: a zero-copy reservation made before the last switch is
+    /// void (the skimmer reads past it, and may take its indices again as they pass).
     skims: u64,
 }
 
@@ -111,6 +112,7 @@ enum Reserve {
         first: u64,
         count: u64,
         generation: u64,
+        skims: u64,
     },
     /// The epoch goes on after a rejoin: gather a batch with [`Consumer::next_catch_up`].
     CatchUp,
@@ -333,6 +335,7 @@ impl Consumer {
             first: next,
             count,
             generation: state.generation,
+            skims: state.skims,
         })
     }
 
@@ -361,10 +364,17 @@ impl Consumer {
         &self,
         first: u64,
         count: u64,
-        generation: u64,
+        (generation, skims): (u64, u64),
         number: u64,
     ) -> Result<Delivery, ConsumerError> {
         let mut state = self.state();
+        if state.skims != skims {
+            // Reserved before this consumer began to skim: it reads past the reservation and
+            // may take its indices as they pass again; delivering them too would repeat them.
+            state.held.remove(&first);
+            self.release_locked(&mut state);
+            return Ok(Delivery::Void);
+        }
         if let Delivery::Void = self.deliver_locked(&mut state, first, generation, number)? {
             return Ok(Delivery::Void);
         }
@@ -480,16 +490,7 @@ impl Consumer {
         state.pace = None;
         // The epoch in progress takes the window [start, start + N) when it has seen part of
         // the dataset; otherwise the next epoch to begin starts at `start`.
-        state.next_seq = match state.epochs.rejoined(start) {
-            Ok(next) => next,
-            Err(epoch) => {
-                let error = ConsumerError::SequenceOverflow {
-                    socket: socket(),
-                    epoch,
-                };
-                return Err(self.fail(state, error));
-            }
-        };
+        state.next_seq = state.epochs.rejoined(start);
         if !was_skimming {
             state.rejoins += 1;
         }
@@ -523,6 +524,9 @@ impl Consumer {
         let mut state = self.state();
         state.held.remove(&first);
         self.release_locked(&mut state);
+        // Asked to skim and holding nothing now: say `Skim` at once (an error is recorded
+        // as final and met at the next batch).
+        let _ = self.check_skim(&mut state);
     }
 
     /// Moves the cursor up to the oldest held batch, or to the next sequence not handed out

@@ -65,7 +65,7 @@ impl Consumer {
     }
 
     /// One span of a skimmed epoch: waits for samples to pass (at most the rule's idle time),
-    /// copies those the epoch wants, and keeps the copies only if none may be torn.
+    /// copies those the epoch wants, and keeps the copies no loan may have overwritten.
     pub(super) fn skim_step(&self, number: u64, owned: &mut Owned) -> Result<Step, ConsumerError> {
         let batch_size = u64::from(self.config.batch_size);
         let schema = &self.ring.layout().schema;
@@ -80,14 +80,22 @@ impl Consumer {
         if let Some(error) = state.fatal.clone() {
             return Err(error);
         }
-        if let Some(why) = state.pace.as_mut().and_then(|p| p.tick(Instant::now())) {
+        // Still gating the feed (batches held since before the ask): say `Skim` once they
+        // are dropped; until then it cannot attach again (it is attached).
+        self.check_skim(&mut state)?;
+        let on = state.skimming == Skimming::On;
+        if on && let Some(why) = state.pace.as_mut().and_then(|p| p.tick(Instant::now())) {
             self.attach_again(&mut state, why)?;
             return Ok(Step::More);
         }
-        // Overtaken: what is older than this may be overwritten (it stays wanted).
-        let first = state.next_seq.max(self.ring.intact_from());
-        state.next_seq = first;
         let head = self.ring.head();
+        let intact = self.ring.intact_from();
+        if state.next_seq < intact {
+            // Overtaken: what is older may be overwritten (it stays wanted). Start an eighth
+            // of the ring past the oldest intact slot, or the next copy is overtaken at once.
+            state.next_seq = intact.saturating_add(capacity / 8).min(head.max(intact));
+        }
+        let first = state.next_seq;
         if head <= first {
             let need = (batch_size - owned.len() as u64).clamp(1, SKIM_SPAN);
             let idle = state.pace.as_ref().map_or(POLL, |p| p.rule().idle);
@@ -99,7 +107,7 @@ impl Consumer {
             let mut state = self.state();
             let nothing_passed = self.ring.head() == head;
             let why = (state.pace.as_mut()).and_then(|p| p.waited(waited, nothing_passed));
-            if let Some(why) = why {
+            if let (true, Some(why)) = (state.skimming == Skimming::On, why) {
                 self.attach_again(&mut state, why)?;
             }
             return Ok(Step::More);
@@ -108,37 +116,40 @@ impl Consumer {
         // SAFETY: `first..first + count` is below the head (written once), inside the double
         // mapping (`count <= capacity`). This consumer holds no cursor on it, so the producer
         // may be overwriting its oldest part meanwhile: the bytes are plain data (every
-        // pattern is a value), each index word is read once, and the whole copy is checked
+        // pattern is a value), each index word is read once, and every copy is checked
         // against `intact_from` below and dropped if it may be torn.
         let (indices, flags, fields) = unsafe { self.window(first, count) };
-        let before = owned.len();
+        let mut span =
+            Owned::with_capacity((batch_size as usize).saturating_sub(owned.len()), schema);
+        let mut seqs = Vec::new();
         let mut stop = first + count;
         for k in 0..count as usize {
             // SAFETY: a valid, aligned word of the mapping; volatile: read exactly once.
             let index = unsafe { std::ptr::read_volatile(&indices[k]) };
             if state.epochs.deliver(index) {
-                owned.push(first + k as u64, k, &fields, index, flags[k]);
-                if owned.len() as u64 == batch_size || state.epochs.is_complete() {
-                    stop = first + k as u64 + 1;
+                let seq = first + k as u64;
+                span.push(seq, k, &fields, index, flags[k]);
+                seqs.push(seq);
+                if (owned.len() + span.len()) as u64 == batch_size || state.epochs.is_complete() {
+                    stop = seq + 1;
                     break;
                 }
             }
         }
+        // Copies of sequences below this may be torn (a slot lent meanwhile): in sequence
+        // order, so a prefix. Their indices stay wanted; the rest are kept.
         let intact = self.ring.intact_from();
-        if intact > first {
-            // A slot of the span was lent for writing while it was copied.
-            for &index in &owned.indices[before..] {
-                state.epochs.undeliver(index);
-            }
-            owned.truncate(before, schema);
-            state.next_seq = intact;
-            return Ok(Step::More);
+        let torn = seqs.partition_point(|&seq| seq < intact);
+        for &index in &span.indices[..torn] {
+            state.epochs.undeliver(index);
         }
-        let taken = (owned.len() - before) as u64;
+        if let Some(&first_kept) = seqs.get(torn) {
+            owned.append_tail(&span, torn, first_kept, schema);
+        }
         if let Some(pace) = state.pace.as_mut() {
-            pace.scanned(stop - first, taken);
+            pace.scanned(stop - first, (seqs.len() - torn) as u64);
         }
-        state.next_seq = stop;
+        state.next_seq = stop.max(intact);
         // Asked but still holding batches: its cursor still gates the feed.
         self.release_locked(&mut state);
         if owned.len() as u64 == batch_size || state.epochs.is_complete() {
