@@ -259,8 +259,6 @@ pub(crate) struct Member {
     /// Whether its cursor gates the producer (false once let go, until it rejoins).
     pub(crate) attached: bool,
     watch: Option<Watch>,
-    /// Samples it released in earlier attachments (before a let-go).
-    pub(crate) released_before: u64,
     /// Its process id and batch size, as it said in `Hello`.
     pub(crate) pid: u32,
     pub(crate) batch_size: u32,
@@ -276,8 +274,6 @@ pub(crate) struct Member {
     pub(crate) skimming: bool,
     /// Times it was moved to skimming.
     pub(crate) skims: u32,
-    /// Its page's delivered count when it began to skim.
-    pub(crate) delivered_base: u64,
 }
 
 impl Member {
@@ -298,7 +294,6 @@ impl Member {
             socket,
             attached: true,
             watch: None,
-            released_before: 0,
             pid: hello.0,
             batch_size: hello.1,
             joined: Instant::now(),
@@ -307,17 +302,6 @@ impl Member {
             skim_asked: false,
             skimming: false,
             skims: 0,
-            delivered_base: 0,
-        }
-    }
-
-    /// What it delivered while skimming (since it began to), as its page says: at most what
-    /// was published (`head`), whatever a hostile consumer writes there.
-    pub(crate) fn skimmed(&self, head: u64) -> u64 {
-        if self.skimming {
-            (self.page.delivered().saturating_sub(self.delivered_base)).min(head)
-        } else {
-            0
         }
     }
 
@@ -328,16 +312,11 @@ impl Member {
         }
     }
 
-    /// What it has released, over all its attachments (while skimming: what it delivered).
-    fn released(&self, head: u64) -> u64 {
-        let live = if self.attached {
-            self.page.cursor().saturating_sub(self.start)
-        } else {
-            0
-        };
-        (self.released_before)
-            .saturating_add(self.skimmed(head))
-            .saturating_add(live)
+    /// What it has delivered, over all its attachments and while skimming, as its page
+    /// says: at most what was published (`head`), whatever a hostile consumer writes there
+    /// (a figure for reports, never for a decision).
+    pub(crate) fn released(&self, head: u64) -> u64 {
+        self.page.delivered().min(head)
     }
 }
 
@@ -435,10 +414,9 @@ impl Shared {
         state.readers.detach(id);
         if m.attached {
             state.cuts.remove(m.start % self.info.len);
-            self.count_consumed(&m);
         }
-        let head = self.ring.head();
-        self.consumed.fetch_add(m.skimmed(head), Ordering::Relaxed);
+        let released = m.released(self.ring.head());
+        self.consumed.fetch_add(released, Ordering::Relaxed);
         Some(m)
     }
 
@@ -467,12 +445,6 @@ impl Shared {
                 tracing::debug!(consumer = m.id, "cannot tell it that its group broke: {e}");
             }
         }
-    }
-
-    /// Adds what `m` released since it was (last) attached to the consumed total.
-    fn count_consumed(&self, m: &Member) {
-        let released = m.page.cursor().saturating_sub(m.start);
-        self.consumed.fetch_add(released, Ordering::Relaxed);
     }
 
     /// Detaches consumer `id` for good (it broke the protocol): tells it why and closes its
@@ -538,8 +510,6 @@ impl Shared {
         m.end_watch(now);
         self.let_gos.fetch_add(1, Ordering::Relaxed);
         m.attached = false;
-        self.count_consumed(m);
-        m.released_before += m.page.cursor().saturating_sub(m.start);
         let (mid, start) = (m.id, m.start);
         tracing::warn!(
             consumer = mid,
@@ -654,7 +624,6 @@ impl Shared {
         }
         m.skimming = true;
         m.skims += 1;
-        m.delivered_base = m.page.delivered();
         self.skims.fetch_add(1, Ordering::Relaxed);
         if !m.attached {
             // Let go (a stall) since it was asked: nothing gates on it already.
@@ -662,8 +631,6 @@ impl Shared {
         }
         m.end_watch(Instant::now());
         m.attached = false;
-        self.count_consumed(m);
-        m.released_before += m.page.cursor().saturating_sub(m.start);
         let (mid, start) = (m.id, m.start);
         tracing::info!(
             consumer = mid,
@@ -951,14 +918,7 @@ impl Producer {
         let live: u64 = state
             .members
             .iter()
-            .map(|m| {
-                let head = self.shared.ring.head();
-                if m.attached {
-                    m.page.cursor().saturating_sub(m.start)
-                } else {
-                    m.skimmed(head)
-                }
-            })
+            .map(|m| m.released(self.shared.ring.head()))
             .fold(0u64, u64::saturating_add);
         self.shared
             .consumed

@@ -433,9 +433,6 @@ fn rejoin(shared: &Shared, id: u64) -> Result<(), String> {
     if m.attached {
         return Err("sent Rejoin while attached".into());
     }
-    let skimmed = m.skimmed(shared.ring.head());
-    shared.consumed.fetch_add(skimmed, Ordering::Relaxed);
-    m.released_before = m.released_before.saturating_add(skimmed);
     let was_skimming = std::mem::take(&mut m.skimming);
     m.skim_asked = false;
     let start = state

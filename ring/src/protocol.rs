@@ -338,7 +338,8 @@ pub struct ConsumerInfo {
     pub batch_size: u32,
     /// Seconds since it joined.
     pub connected_s: f64,
-    /// Samples it has released (read and dropped), over all its attachments.
+    /// Samples it has been handed, over all its attachments and while skimming, as it counts
+    /// them in its cursor page (protocol version 9; before, the sequences its cursor passed).
     pub released: u64,
     /// Published samples it has not released yet (0 while let go).
     pub lag: u64,

@@ -49,6 +49,11 @@ fn a_sweep_runs_its_grid_through_the_scheduler_as_consumers_of_one_feed() {
             "64",
             "--ring-mib",
             "2",
+            // The three runs go at three paces (160, 320 and 640 samples/s): in lockstep they
+            // read one stream, which the count of decoded samples below checks; with
+            // skimming (the default) each goes its own pace and more is decoded.
+            "--pacing",
+            "lockstep",
             "--gpu",
             "sim",
             "--sim-gpus",

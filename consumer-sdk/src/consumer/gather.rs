@@ -48,10 +48,11 @@ impl Consumer {
             }
         }
         let partial_dropped = self.config.drop_last && (owned.len() as u64) < batch_size;
-        if !owned.is_empty() {
+        let handed_out = !owned.is_empty() && !partial_dropped;
+        if handed_out {
             self.cursor.add_delivered(owned.len() as u64);
         }
-        Ok((!owned.is_empty() && !partial_dropped).then_some(owned))
+        Ok(handed_out.then_some(owned))
     }
 
     /// One span of a gathered epoch's window.
