@@ -55,8 +55,11 @@ pub enum Basis {
 /// A measured sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workload {
-    /// Its runs.
+    /// Its runs, each measured between its first and last look.
     pub runs: Vec<RunRate>,
+    /// Samples the runs consumed in all (the sweep's work; 0: the sum of the runs').
+    #[serde(default)]
+    pub samples_consumed: u64,
     /// CPU-seconds per sample the feed decoded.
     pub feed_cpu_per_sample: f64,
     /// Samples consumed over samples decoded: how many runs each decoded sample served.
@@ -142,7 +145,11 @@ pub enum CostError {
 impl Workload {
     /// Samples the sweep consumes in all.
     pub fn samples(&self) -> u64 {
-        self.runs.iter().map(|r| r.samples).sum()
+        if self.samples_consumed > 0 {
+            self.samples_consumed
+        } else {
+            self.runs.iter().map(|r| r.samples).sum()
+        }
     }
 
     /// The mean GPU-bound rate of its runs.
@@ -266,10 +273,14 @@ impl Workload {
             let (Some(first), Some(last)) = (mine.first(), mine.last()) else {
                 continue;
             };
-            let samples = mine.iter().map(|r| r.released).max().unwrap_or(0);
-            let waited = mine.iter().map(|r| r.waited_s).fold(0.0, f64::max);
-            // From its first look to its last, at least its first second (one look).
-            let seconds = (last.time - first.time).max(1.0);
+            // Between its first look and its last (the recording looks once a second, so a
+            // run's first and last partial seconds are left out of its rate, not biased).
+            let samples = last.released.saturating_sub(first.released);
+            let waited = (last.waited_s - first.waited_s).max(0.0);
+            let seconds = last.time - first.time;
+            if samples == 0 || seconds <= 0.0 {
+                continue;
+            }
             let peak = (recording.jobs.iter().flatten())
                 .filter(|j| j.name == run.name)
                 .filter_map(|j| j.peak_mib)
@@ -299,6 +310,7 @@ impl Workload {
             private.unwrap_or((feed_cpu_per_sample, Basis::LowerBound));
         Ok(Self {
             runs,
+            samples_consumed: feed.samples_consumed,
             feed_cpu_per_sample,
             sharing: consumed / feed.samples_published as f64,
             run_cpu_per_sample: runs_cpu / consumed,
@@ -373,6 +385,7 @@ mod tests {
                     gpu_peak_mib: Some(4096),
                 })
                 .collect(),
+            samples_consumed: 0,
             feed_cpu_per_sample: 0.001,
             sharing: 4.0,
             run_cpu_per_sample: 0.0,
