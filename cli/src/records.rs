@@ -187,7 +187,7 @@ mod tests {
 
     // Lines as the commands printed them before their records were typed.
     const EPOCH: &str = r#"{"bad_samples":0,"batches":4,"complete":true,"consumer_id":1,"epoch":0,"exact_coverage":true,"samples":100,"samples_per_s":1234.5,"seconds":0.081,"start_seq":0}"#;
-    const SUMMARY: &str = r#"{"bad_samples":0,"corrupted_batches":0,"epochs":1,"overwritten_batches":0,"rejoins":0,"samples":100,"samples_per_s":1200.25,"seconds":0.0833,"waited_s":0.5}"#;
+    const SUMMARY: &str = r#"{"bad_samples":0,"corrupted_batches":0,"epochs":1,"overwritten_batches":0,"rejoins":0,"samples":100,"samples_per_s":1200.25,"seconds":0.0833,"waited_s":0.5,"skims":1}"#;
     const SERVE: &str =
         r#"{"bad_samples":2,"published":4096,"samples_per_s":950.0,"seconds":4.3115}"#;
     const PRIVATE: &str =
@@ -202,9 +202,10 @@ mod tests {
     fn every_record_reads_and_prints_the_lines_as_they_were_before_it_was_typed() {
         round_trip::<EpochRecord>(EPOCH);
         round_trip::<ConsumeSummary>(SUMMARY);
-        // A summary printed before `waited_s` existed still reads (as 0).
-        let before = SUMMARY.replace(r#","waited_s":0.5"#, "");
-        assert_eq!(ConsumeSummary::from_line(&before).unwrap().waited_s, 0.0);
+        // A summary printed before `waited_s` (or `skims`) existed still reads (as 0).
+        let before = SUMMARY.replace(r#","waited_s":0.5,"skims":1"#, "");
+        let old = ConsumeSummary::from_line(&before).unwrap();
+        assert_eq!((old.waited_s, old.skims), (0.0, 0));
         round_trip::<ServeSummary>(SERVE);
         round_trip::<PrivateRecord>(PRIVATE);
     }
