@@ -458,3 +458,30 @@ pub fn sim_sweep(data: &Path, out: &Path) -> Vec<String> {
     .map(String::from)
     .to_vec()
 }
+
+/// Runs a [`sim_sweep`] of `data` recorded into `rec` (`--record`, `--json`): two runs of
+/// `ladle consume` (batch sizes 16 and 32, 3 epochs, 100 ms a step so that the 1 Hz
+/// recording looks a few times), declaring 2 GiB each. Fails the test if the sweep fails.
+pub fn recorded_sim_sweep(fx: &mut Fixture, data: &Path, out: &Path, rec: &Path) -> Finished {
+    let ladle = ladle_bin().to_str().unwrap();
+    let sweep = sim_sweep(data, out);
+    let done = fx.run(
+        &[
+            &sweep.iter().map(String::as_str).collect::<Vec<_>>()[..],
+            &[
+                "--gpu-mem",
+                "2GiB",
+                "--record",
+                rec.to_str().unwrap(),
+                "--json",
+                "--",
+            ],
+            &[ladle, "consume", "--batch-size", "{16,32}", "--epochs", "3"],
+            &["--step-ms", "100"],
+        ]
+        .concat(),
+        Duration::from_secs(300),
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    done
+}

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ladle_tests::{Fixture, ladle_bin, sim_sweep};
+use ladle_tests::{Fixture, recorded_sim_sweep};
 
 const GUARD: Duration = Duration::from_secs(300);
 
@@ -16,20 +16,7 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
     let data = fx.dataset(200, 40, 30);
     let out = fx.path().join("sweep");
     let rec = fx.path().join("rec");
-    let ladle = ladle_bin().to_str().unwrap();
-    let sweep = sim_sweep(&data, &out);
-    let done = fx.run(
-        &[
-            &sweep.iter().map(String::as_str).collect::<Vec<_>>()[..],
-            &["--gpu-mem", "2GiB", "--record", rec.to_str().unwrap(), "--"],
-            &[ladle, "consume", "--batch-size", "{16,32}", "--epochs", "3"],
-            // Long enough for a few looks (the recording is at 1 Hz).
-            &["--step-ms", "100"],
-        ]
-        .concat(),
-        GUARD,
-    );
-    assert!(done.status.success(), "{}", done.stderr);
+    recorded_sim_sweep(&mut fx, &data, &out, &rec);
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(rec.join("report.json")).unwrap()).unwrap();
     // The feed's CPU is its decode threads' (less than the sweep process's, which also ran

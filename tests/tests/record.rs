@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ladle_tests::{Fixture, ladle_bin, sim_sweep};
+use ladle_tests::{Fixture, recorded_sim_sweep};
 
 const GUARD: Duration = Duration::from_secs(300);
 
@@ -34,31 +34,7 @@ fn a_recorded_sweep_writes_csv_series_that_ladle_report_plots() {
     let data = fx.dataset(300, 80, 60);
     let out = fx.path().join("sweep");
     let rec = fx.path().join("rec");
-    let ladle = ladle_bin().to_str().unwrap();
-    let sweep = sim_sweep(&data, &out);
-    let done = fx.run(
-        &[
-            &sweep.iter().map(String::as_str).collect::<Vec<_>>()[..],
-            &["--gpu-mem", "2GiB", "--record"],
-            &[
-                rec.to_str().unwrap(),
-                "--json",
-                "--",
-                ladle,
-                "consume",
-                "--batch-size",
-                "{16,32}",
-                "--epochs",
-                "3",
-                // Runs long enough for a few looks (the recording is at 1 Hz).
-                "--step-ms",
-                "100",
-            ],
-        ]
-        .concat(),
-        GUARD,
-    );
-    assert!(done.status.success(), "{}", done.stderr);
+    recorded_sim_sweep(&mut fx, &data, &out, &rec);
 
     for file in ["meta.json", "report.json"] {
         assert!(rec.join(file).exists(), "no {file}");
