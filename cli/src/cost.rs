@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use ladle_observe::cost::{Basis, Estimate, Workload, read_shapes};
+use ladle_observe::cost::{Basis, Estimate, Shape, Workload, read_shapes};
 use ladle_observe::report::Recording;
 use serde::Serialize;
 
@@ -26,6 +26,10 @@ pub(crate) struct CostArgs {
     /// Print one JSON object (`workload`, `shapes`, `cheapest`) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also draw $ per run against vCPUs per GPU (1 to 32), one line per shape (solid: with
+    /// ladle, dashed: private pipelines), as a PNG.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,6 +62,10 @@ pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
             Err(e) => skipped.push(e.to_string()),
         }
     }
+    if let Some(path) = &args.plot {
+        plot(&workload, &shapes, path).with_context(|| format!("drawing {}", path.display()))?;
+        eprintln!("ladle cost: wrote {}", path.display());
+    }
     let cheapest = (estimates.iter())
         .min_by(|a, b| a.ladle.usd.total_cmp(&b.ladle.usd))
         .map(|e| e.name.as_str());
@@ -76,6 +84,47 @@ pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
         eprintln!("ladle cost: skipped {why}");
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The most vCPUs per GPU the plot shows.
+const PLOT_VCPUS_PER_GPU: u32 = 32;
+
+/// $ per run against vCPUs per GPU for every shape that can run the sweep: how many vCPUs
+/// keep its GPUs fed, with ladle and with private pipelines (each shape at its own price).
+fn plot(w: &Workload, shapes: &[Shape], path: &std::path::Path) -> anyhow::Result<()> {
+    use crate::plot::{Line, canvas, colour, lines, present};
+    let title = "ladle cost: $ per run against vCPUs per GPU (solid: ladle, dashed: private)";
+    let root = canvas(path, (1100, 600), title)?;
+    let mut drawn = Vec::new();
+    for (i, shape) in shapes.iter().enumerate() {
+        let (mut ladle, mut private) = (Vec::new(), Vec::new());
+        for per_gpu in 1..=PLOT_VCPUS_PER_GPU {
+            let with = Shape {
+                vcpus: per_gpu.saturating_mul(shape.gpus),
+                ..shape.clone()
+            };
+            if let Ok(e) = w.estimate(&with) {
+                ladle.push((f64::from(per_gpu), e.ladle.usd_per_run));
+                private.push((f64::from(per_gpu), e.private.usd_per_run));
+            }
+        }
+        let colour = colour(i);
+        drawn.push(Line {
+            label: Some(shape.name.clone()),
+            points: ladle,
+            colour,
+            dashed: false,
+        });
+        drawn.push(Line {
+            label: None,
+            points: private,
+            colour,
+            dashed: true,
+        });
+    }
+    let x = ("vCPUs per GPU", 1.0..f64::from(PLOT_VCPUS_PER_GPU));
+    lines(&root, "", x, "$ per run", 0.0, &drawn)?;
+    present(&root, path)
 }
 
 /// The markdown table, the workload it rests on first.

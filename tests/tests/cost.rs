@@ -80,6 +80,26 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
     assert!(table.status.success(), "{}", table.stderr);
     assert!(table.stdout.contains("(cheapest)"), "{}", table.stdout);
     assert!(table.stdout.contains("(given)"), "{}", table.stdout);
+    // The plot: a PNG file.
+    let png = fx.path().join("cost.png");
+    let plotted = fx.run(
+        &[
+            "cost",
+            rec_arg,
+            "--instances",
+            shapes_arg,
+            "--plot",
+            png.to_str().unwrap(),
+        ],
+        GUARD,
+    );
+    assert!(plotted.status.success(), "{}", plotted.stderr);
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(
+        bytes.starts_with(b"\x89PNG"),
+        "not a PNG: {} bytes",
+        bytes.len()
+    );
 
     // Not a sweep's recording: said so, naming the directory.
     let empty = fx.path().join("empty");
