@@ -301,11 +301,16 @@ impl Workload {
         }
         let feed_cpu_per_sample = feed.cpu_seconds / feed.samples_published as f64;
         let consumed = feed.samples_consumed.max(1) as f64;
-        // The report's private-pipeline CPU is the runs' own plus the feed's cost per sample
-        // for each sample they consumed: what is left is the runs' own.
-        let runs_cpu = (report.cost.private_pipelines_cpu_seconds
-            - feed_cpu_per_sample * feed.samples_consumed as f64)
-            .max(0.0);
+        // The runs' own CPU, as their scheduler measured each; a report from before runs
+        // carried it: the private-pipeline CPU less the feed's cost of what they consumed.
+        let measured: Vec<f64> = report.runs.iter().filter_map(|r| r.cpu_seconds).collect();
+        let runs_cpu = if measured.is_empty() {
+            (report.cost.private_pipelines_cpu_seconds
+                - feed_cpu_per_sample * feed.samples_consumed as f64)
+                .max(0.0)
+        } else {
+            measured.iter().sum()
+        };
         let (private_cpu_per_sample, private_basis) =
             private.unwrap_or((feed_cpu_per_sample, Basis::LowerBound));
         Ok(Self {

@@ -79,6 +79,10 @@ pub struct RunReport {
     /// The node it ran on, in a sweep over several nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// CPU seconds its process and the children it waited for used, as the scheduler that
+    /// reaped it measured (none from a scheduler restarted while it ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
 }
 
 /// A sweep's feed.

@@ -308,6 +308,35 @@ mod tests {
     }
 
     #[test]
+    fn wait4_reports_the_cpu_of_a_child_and_its_waited_for_children() {
+        // The busy loop runs in a grandchild the child waits for: its CPU counts too.
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done'; exit 3",
+            ])
+            .spawn()
+            .unwrap();
+        let (status, cpu) = loop {
+            if let Some(done) = try_wait_with_cpu(child.id()).unwrap() {
+                break done;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(3));
+        assert!(cpu > Duration::from_millis(20), "{cpu:?}");
+        // Reaped: a second look, or std's own wait, finds no child.
+        let again = try_wait_with_cpu(child.id()).unwrap_err();
+        assert_eq!(again.raw_os_error(), Some(libc::ECHILD));
+        assert!(child.try_wait().is_err());
+        // Not our child at all.
+        assert_eq!(
+            try_wait_with_cpu(1).unwrap_err().raw_os_error(),
+            Some(libc::ECHILD)
+        );
+    }
+
+    #[test]
     fn a_child_writing_more_than_a_pipe_holds_finishes_and_all_its_output_is_kept() {
         // 1 MiB on each stream: far more than a 64 KiB pipe.
         let mut p = sh("head -c 1048576 /dev/zero | tr '\\0' a; head -c 1048576 /dev/zero >&2");
@@ -408,6 +437,43 @@ pub enum Usage {
     Children,
 }
 
+/// Reaps child `pid` if it has exited, without blocking, and returns its exit status and its
+/// CPU time (user + system, its own and that of every descendant it waited for), from
+/// `wait4`. `None` while it runs. For a child spawned by [`std::process::Command`]: once this
+/// has reaped it, do not wait on the `Child` again.
+///
+/// # Errors
+/// The `wait4` error (`ECHILD` when `pid` is not a child of this process or was reaped).
+pub fn try_wait_with_cpu(pid: u32) -> std::io::Result<Option<(ExitStatus, Duration)>> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut status = 0;
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: wait4 writes an int and a `rusage` into memory of those types; WNOHANG makes it
+    // return at once.
+    let rc = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, usage.as_mut_ptr()) };
+    match rc {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => Ok(None),
+        _ => {
+            // SAFETY: wait4 reaped a child, so it filled the struct (zeroed anyway).
+            let usage = unsafe { usage.assume_init() };
+            Ok(Some((ExitStatus::from_raw(status), usage_cpu(&usage))))
+        }
+    }
+}
+
+fn usage_cpu(usage: &libc::rusage) -> Duration {
+    let tv = |t: libc::timeval| {
+        Duration::new(
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_usec).unwrap_or(0).saturating_mul(1000),
+        )
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 /// CPU time (user + system) of `who`, from `getrusage`. Zero if the call fails.
 pub fn cpu_time(who: Usage) -> Duration {
     let who = match who {
@@ -422,12 +488,5 @@ pub fn cpu_time(who: Usage) -> Duration {
         return Duration::ZERO;
     }
     // SAFETY: getrusage succeeded, so the struct is initialised (it was zeroed anyway).
-    let usage = unsafe { usage.assume_init() };
-    let tv = |t: libc::timeval| {
-        Duration::new(
-            u64::try_from(t.tv_sec).unwrap_or(0),
-            u32::try_from(t.tv_usec).unwrap_or(0).saturating_mul(1000),
-        )
-    };
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    usage_cpu(&unsafe { usage.assume_init() })
 }

@@ -132,6 +132,11 @@ pub enum Record {
         peak_mib: Option<u64>,
         /// What happened, for people.
         reason: String,
+        /// CPU seconds of the attempt, its own and its waited-for children's (`wait4`),
+        /// when the scheduler reaped it (not for one that ended while the scheduler was
+        /// down).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_s: Option<f64>,
     },
     /// The job goes back to the head of the queue.
     Requeued {

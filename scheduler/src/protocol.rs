@@ -9,8 +9,8 @@
 //! [`RequestError::GpuMemoryOutOfRange`], so no absurd size reaches admission's arithmetic.
 //!
 //! ```text
-//! → {"v":2,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
-//! ← {"v":2,"status":"submitted","id":7,"estimate_mib":6144}
+//! → {"v":3,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
+//! ← {"v":3,"status":"submitted","id":7,"estimate_mib":6144}
 //! ```
 //!
 //! **Every answer fits in a frame, by design.** No answer lists what only grows: `Queue` is
@@ -34,7 +34,7 @@ use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Longest request or response line, bytes.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -236,6 +236,10 @@ pub struct JobView {
     pub oom_retries: u32,
     /// Highest device memory observed per GPU, MiB.
     pub peak_mib: Option<u64>,
+    /// CPU seconds of its ended attempts (user + system, with the children each waited
+    /// for), when the scheduler reaped them: a sweep's cost report reads its runs' CPU here.
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
     /// Submission time, Unix seconds.
     pub submitted_at: f64,
 }
@@ -558,7 +562,10 @@ mod tests {
         let req = Request::Cancel { id: 3 };
         let mut buf = Vec::new();
         write_frame(&mut buf, &req, Path::new("x")).unwrap();
-        assert_eq!(buf, b"{\"v\":2,\"op\":\"cancel\",\"id\":3}\n");
+        assert_eq!(
+            buf,
+            format!("{{\"v\":{VERSION},\"op\":\"cancel\",\"id\":3}}\n").as_bytes()
+        );
         let back: Request = read_frame(&buf[..], Path::new("x")).unwrap();
         assert_eq!(back, req);
     }
@@ -571,15 +578,24 @@ mod tests {
             Err(ProtocolError::BadFrame(_))
         ));
         assert!(matches!(
-            read_frame::<Request>(&b"{\"v\":3,\"op\":\"queue\"}\n"[..], p),
-            Err(ProtocolError::Version(3))
+            read_frame::<Request>(
+                format!("{{\"v\":{},\"op\":\"queue\"}}\n", VERSION + 1).as_bytes(),
+                p
+            ),
+            Err(ProtocolError::Version(v)) if v == VERSION + 1
         ));
         assert!(matches!(
-            read_frame::<Request>(&b"{\"v\":2,\"op\":\"explode\"}\n"[..], p),
+            read_frame::<Request>(
+                format!("{{\"v\":{VERSION},\"op\":\"explode\"}}\n").as_bytes(),
+                p
+            ),
             Err(ProtocolError::BadFrame(_))
         ));
         assert!(matches!(
-            read_frame::<Request>(&b"{\"v\":2,\"op\":\"queue\"}"[..], p),
+            read_frame::<Request>(
+                format!("{{\"v\":{VERSION},\"op\":\"queue\"}}").as_bytes(),
+                p
+            ),
             Err(ProtocolError::Closed)
         ));
         let big = vec![b' '; MAX_FRAME + 10];
@@ -590,12 +606,18 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_request_is_refused_with_an_error_naming_both_versions() {
-        let e = read_request(&b"{\"v\":1,\"op\":\"queue\"}\n"[..], Path::new("x")).unwrap_err();
-        assert!(matches!(e, ProtocolError::Version(1)), "{e:?}");
+    fn the_previous_versions_request_is_refused_with_an_error_naming_both_versions() {
+        let old = VERSION - 1;
+        let line = format!("{{\"v\":{old},\"op\":\"queue\"}}\n");
+        let e = read_request(line.as_bytes(), Path::new("x")).unwrap_err();
         assert!(
-            e.to_string()
-                .starts_with("protocol version 1, expected 2 (the client and the scheduler"),
+            matches!(e, ProtocolError::Version(v) if v == old),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!(
+                "protocol version {old}, expected {VERSION} (the client and the scheduler"
+            )),
             "{e}"
         );
     }
@@ -603,7 +625,11 @@ mod tests {
     #[test]
     fn a_job_query_naming_too_many_jobs_is_refused_and_its_filters_are_optional() {
         let p = Path::new("x");
-        let q: Request = read_request(&b"{\"v\":2,\"op\":\"jobs\"}\n"[..], p).unwrap();
+        let q: Request = read_request(
+            format!("{{\"v\":{VERSION},\"op\":\"jobs\"}}\n").as_bytes(),
+            p,
+        )
+        .unwrap();
         assert_eq!(q, Request::Jobs(JobQuery::default()));
         let many = Request::Jobs(JobQuery {
             ids: (0..=MAX_QUERY_IDS as u64).collect(),
@@ -619,7 +645,7 @@ mod tests {
 
     fn submit_frame(gpu_mem_mib: u64) -> String {
         format!(
-            "{{\"v\":2,\"op\":\"submit\",\"command\":[\"true\"],\"cwd\":\"/\",\
+            "{{\"v\":{VERSION},\"op\":\"submit\",\"command\":[\"true\"],\"cwd\":\"/\",\
              \"gpu_mem_mib\":{gpu_mem_mib},\"gpus\":1,\"feed\":null,\"thread_percentage\":null}}\n"
         )
     }

@@ -16,7 +16,7 @@ use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::job::{JobId, JobSpec};
 use ladle_scheduler::journal::{Outcome, Record};
 use ladle_scheduler::protocol::{
-    FeedSpec, JobQuery, MAX_FRAME, MAX_QUERY_IDS, QUEUE_FINISHED, Request, Response,
+    FeedSpec, JobQuery, MAX_FRAME, MAX_QUERY_IDS, QUEUE_FINISHED, Request, Response, VERSION,
 };
 
 const JOBS: u64 = 5000;
@@ -73,6 +73,7 @@ fn attempt(id: JobId, attempt: u32, outcome: Outcome, reason: &str) -> Vec<Recor
             code: Some(1),
             peak_mib: None,
             reason: reason.to_owned(),
+            cpu_s: None,
         },
     ]
 }
@@ -325,24 +326,25 @@ fn a_client_trickling_a_byte_at_a_time_is_cut_off_at_the_request_deadline() {
 fn garbage_and_oversize_frames_close_only_their_own_connection() {
     let daemon = Daemon::start(&[]);
     let mut patient = daemon.connect();
+    let old = VERSION - 1;
     for garbage in [
-        &b"\x00\xff\x13garbage\n"[..],
-        b"{\"v\":2,\"op\":\"explode\"}\n",
-        b"{\"v\":1,\"op\":\"queue\"}\n",
+        b"\x00\xff\x13garbage\n".to_vec(),
+        format!("{{\"v\":{VERSION},\"op\":\"explode\"}}\n").into_bytes(),
+        format!("{{\"v\":{old},\"op\":\"queue\"}}\n").into_bytes(),
     ] {
         let mut conn = daemon.connect();
-        conn.write_all(garbage).unwrap();
+        conn.write_all(&garbage).unwrap();
         let answer = answer_on(&mut conn);
         assert!(matches!(answer, Response::Error { .. }), "{answer:?}");
     }
-    // A version-1 client is told which versions differ.
-    let mut old = daemon.connect();
-    old.write_all(b"{\"v\":1,\"op\":\"queue\"}\n").unwrap();
-    let Response::Error { message } = answer_on(&mut old) else {
-        panic!("a version-1 request was not refused");
+    // A client of the previous version is told which versions differ.
+    let mut previous = daemon.connect();
+    (previous.write_all(format!("{{\"v\":{old},\"op\":\"queue\"}}\n").as_bytes())).unwrap();
+    let Response::Error { message } = answer_on(&mut previous) else {
+        panic!("a version-{old} request was not refused");
     };
     assert!(
-        message.contains("protocol version 1, expected 2"),
+        message.contains(&format!("protocol version {old}, expected {VERSION}")),
         "{message}"
     );
     // A line longer than a frame: the daemon stops reading at the limit and says so.

@@ -513,6 +513,7 @@ pub fn run(
                 continue;
             };
             run.peak_mib = job.peak_mib;
+            run.cpu_s = job.cpu_s;
             if let Some(line) = run.follow(&job.state)
                 && live.is_none()
             {
@@ -605,7 +606,9 @@ pub fn run(
     let decode_cpu = (served.as_ref()).map_or(0.0, |s| s.decode_cpu.as_secs_f64());
     let wall = started.elapsed().as_secs_f64();
     let own_cpu = ladle_procs::cpu_time(ladle_procs::Usage::Myself).as_secs_f64();
-    let runs_cpu = ladle_procs::cpu_time(ladle_procs::Usage::Children).as_secs_f64();
+    // As the scheduler measured each run (wait4), whichever scheduler ran it: the sweep's
+    // own, or a shared one whose runs are not this process's children.
+    let runs_cpu: f64 = reports.iter().filter_map(|r| r.cpu_seconds).sum();
     let gpu_hours: f64 = reports
         .iter()
         .map(|r| r.seconds.unwrap_or(0.0) * r.gpu.len().max(1) as f64 / 3600.0)
@@ -758,6 +761,7 @@ fn run_report(scheduler: &Scheduler, run: &Run, node: Option<&str>) -> RunReport
         gpu: run.gpus.clone(),
         last_lines,
         node: node.map(str::to_owned),
+        cpu_seconds: run.cpu_s,
     }
 }
 

@@ -291,6 +291,7 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
                             gpu: Vec::new(),
                             last_lines: Vec::new(),
                             node: Some(name.clone()),
+                            cpu_seconds: None,
                         };
                         offer(&mut best, 1, &lost, &name);
                     }
@@ -318,6 +319,7 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
                 gpu: Vec::new(),
                 last_lines: Vec::new(),
                 node: None,
+                cpu_seconds: None,
             },
         })
         .collect();
@@ -397,6 +399,7 @@ mod tests {
             gpu: vec![0],
             last_lines: Vec::new(),
             node: None,
+            cpu_seconds: None,
         }
     }
 

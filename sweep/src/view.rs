@@ -19,6 +19,8 @@ pub(crate) struct Run {
     pub(crate) state: &'static str,
     pub(crate) reason: Option<String>,
     pub(crate) peak_mib: Option<u64>,
+    /// CPU seconds of its ended attempts, as its scheduler measured.
+    pub(crate) cpu_s: Option<f64>,
     /// Samples it has read (released to the feed) and its epochs, when the feed is ours.
     pub(crate) released: Option<u64>,
     pub(crate) epochs: Option<f64>,
@@ -40,6 +42,7 @@ impl Run {
             state: "queued",
             reason: None,
             peak_mib: None,
+            cpu_s: None,
             released: None,
             epochs: None,
             rate: None,

@@ -31,6 +31,10 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
         .as_f64()
         .unwrap();
     assert!(private_wall >= wall, "{report}");
+    // Each run's own CPU, as the scheduler measured it, is in the report and the workload.
+    for run in report["runs"].as_array().unwrap() {
+        assert!(run["cpu_seconds"].as_f64().unwrap() > 0.0, "{run}");
+    }
     let shapes = fx.path().join("shapes.csv");
     std::fs::write(
         &shapes,
@@ -47,6 +51,7 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
     assert!(priced.status.success(), "{}", priced.stderr);
     let v: serde_json::Value = serde_json::from_str(priced.stdout.trim()).unwrap();
     assert_eq!(v["workload"]["runs"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["workload"]["run_cpu_per_sample"].as_f64().unwrap() > 0.0, "{v}");
     let listed = v["shapes"].as_array().unwrap();
     assert_eq!(listed.len(), 2, "tiny cannot hold a 2 GiB run: {v}");
     assert!(v["skipped"][0].as_str().unwrap().contains("tiny"), "{v}");

@@ -410,6 +410,31 @@ fn a_sigkilled_daemon_restarts_and_no_job_is_lost_or_run_twice() {
 }
 
 #[test]
+fn a_jobs_cpu_time_is_measured_with_its_childrens_and_survives_a_restart() {
+    let mut s = Scheduler::start(1, &[]);
+    // The busy loop runs in a child of the job's shell: it counts as the job's.
+    let busy = s.submit(
+        &["--gpu-mem", "1GiB"],
+        "sh -c 'i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done'",
+    );
+    let idle = s.submit(&["--gpu-mem", "1GiB"], "sleep 0.5");
+    let busy_job = s.wait_for(busy, &["succeeded", "failed"]);
+    let idle_job = s.wait_for(idle, &["succeeded", "failed"]);
+    assert_eq!(busy_job["state"], "succeeded", "{busy_job}");
+    let (busy_cpu, idle_cpu) = (
+        busy_job["cpu_s"].as_f64().expect("busy job's cpu_s"),
+        idle_job["cpu_s"].as_f64().expect("idle job's cpu_s"),
+    );
+    assert!(busy_cpu > 0.1, "{busy_job}");
+    assert!(idle_cpu < busy_cpu / 4.0, "{idle_job} against {busy_job}");
+    // Journaled with the attempt's end: a restarted daemon reports the same figure.
+    s.fx.signal(s.daemon, 15);
+    s.fx.wait(s.daemon, GUARD);
+    s.daemon = spawn_daemon(&mut s.fx, 1, &[]);
+    assert_eq!(s.job(busy)["cpu_s"].as_f64(), Some(busy_cpu));
+}
+
+#[test]
 fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
     let mut s = Scheduler::start(1, &[]);
     let (started, release, runs) = (s.file("started"), s.file("release"), s.file("runs.txt"));
@@ -438,6 +463,8 @@ fn a_stopped_daemon_leaves_its_jobs_running_and_the_next_one_adopts_them() {
     let job = s.wait_for(id, &["succeeded", "failed", "interrupted"]);
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["attempts"], 1);
+    // Not the new daemon's child: its CPU time is unknown, not zero.
+    assert!(job["cpu_s"].is_null(), "{job}");
     assert_eq!(lines(Path::new(&runs)), vec![id.to_string()]);
 }
 

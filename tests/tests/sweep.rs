@@ -218,7 +218,10 @@ fn a_sweep_reuses_a_live_feed_of_the_same_dataset_and_transform() {
     );
     for run in report["runs"].as_array().unwrap() {
         assert_eq!(run["exit_code"], 0, "{run}");
+        // The shared scheduler reaped it, not the sweep: its CPU still reaches the report.
+        assert!(run["cpu_seconds"].as_f64().unwrap() > 0.0, "{run}");
     }
+    assert!(report["cpu_seconds"].as_f64().unwrap() > 0.0, "{report}");
     fx.signal(serve, 15);
     fx.signal(daemon, 15);
 }

@@ -179,6 +179,7 @@ impl Daemon {
             peak_mib: j
                 .peak_mib
                 .max(self.live.get(&j.id).and_then(|l| l.peak_mib)),
+            cpu_s: j.cpu_s,
             submitted_at: j.submitted_at,
         })
     }
@@ -409,6 +410,7 @@ mod tests {
             attempts: 1,
             oom_retries: 0,
             peak_mib: None,
+            cpu_s: None,
             submitted_at: 0.0,
         }
     }

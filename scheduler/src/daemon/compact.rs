@@ -114,6 +114,7 @@ pub(super) fn job_from_snapshot(s: JobSnapshot) -> Job {
         submitted_at: s.submitted_at,
         peak_mib: s.peak_mib,
         measured: s.measured,
+        cpu_s: s.cpu_s,
         held: s.held,
     }
 }
@@ -150,6 +151,7 @@ fn snapshot_of(job: &Job) -> JobSnapshot {
         submitted_at: job.submitted_at,
         peak_mib: job.peak_mib,
         measured: job.measured,
+        cpu_s: job.cpu_s,
         held: job.held.clone(),
     }
 }
@@ -386,6 +388,7 @@ mod tests {
             code: Some(1),
             peak_mib: Some(5000),
             reason: "oom".into(),
+            cpu_s: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::estimate::Basis;
 use crate::job::{self, JobId};
@@ -57,6 +57,19 @@ pub(super) struct Live {
     pub since: f64,
     /// When (daemon clock) its process was first seen on its GPUs.
     pub seen_at: Option<f64>,
+}
+
+/// How an attempt ended, as reaping found it.
+pub(super) struct Ended {
+    pub id: JobId,
+    /// Its exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// It ended while the scheduler was down and left no status.
+    pub vanished: bool,
+    /// Its CPU time, when the scheduler reaped it.
+    pub cpu: Option<Duration>,
 }
 
 impl Live {
@@ -247,6 +260,7 @@ impl Daemon {
                     code: None,
                     peak_mib: None,
                     reason: format!("cannot start: {e}"),
+                    cpu_s: None,
                 });
             }
         }
@@ -310,17 +324,31 @@ impl Daemon {
             let Some(live) = self.live.get_mut(&job.id) else {
                 continue;
             };
-            if let Some(child) = live.child.as_mut() {
-                match child.try_wait() {
-                    Ok(Some(status)) => ended.push((job.id, status.code(), status.signal(), false)),
+            if let Some(child) = live.child.as_ref() {
+                // wait4, not the Child's own wait: it also reads the attempt's CPU time.
+                match ladle_procs::try_wait_with_cpu(child.id()) {
+                    Ok(Some((status, cpu))) => ended.push(Ended {
+                        id: job.id,
+                        code: status.code(),
+                        signal: status.signal(),
+                        vanished: false,
+                        cpu: Some(cpu),
+                    }),
                     Ok(None) => {}
                     Err(e) => tracing::warn!(job = job.id, "waiting for the job: {e}"),
                 }
             } else if let Some(pid) = attempt.pid
                 && !sys::alive(pid)
             {
-                let status = read_status(&self.files.status(job.id, attempt.number));
-                ended.push((job.id, status, None, status.is_none()));
+                // Adopted after a restart: not our child, so its CPU time is not ours to read.
+                let code = read_status(&self.files.status(job.id, attempt.number));
+                ended.push(Ended {
+                    id: job.id,
+                    code,
+                    signal: None,
+                    vanished: code.is_none(),
+                    cpu: None,
+                });
             }
             if let (Some(at), Some(pid)) = (live.cancel_at, attempt.pid)
                 && at.elapsed() > CANCEL_GRACE
@@ -328,8 +356,8 @@ impl Daemon {
                 let _ = sys::signal_group(pid, rustix::process::Signal::KILL);
             }
         }
-        for (id, code, signal, vanished) in ended {
-            self.finish(id, code, signal, vanished);
+        for end in ended {
+            self.finish(end);
         }
     }
 
@@ -359,14 +387,15 @@ impl Daemon {
         groups
     }
 
-    /// Records the end of job `id`'s current attempt and decides what follows.
-    pub(super) fn finish(
-        &mut self,
-        id: JobId,
-        code: Option<i32>,
-        signal: Option<i32>,
-        vanished: bool,
-    ) {
+    /// Records the end of a job's current attempt and decides what follows.
+    pub(super) fn finish(&mut self, end: Ended) {
+        let Ended {
+            id,
+            code,
+            signal,
+            vanished,
+            cpu,
+        } = end;
         if self.telemetry.simulated().is_some() {
             self.read_sim_markers();
         }
@@ -445,6 +474,7 @@ impl Daemon {
             code,
             peak_mib,
             reason,
+            cpu_s: cpu.map(|c| c.as_secs_f64()),
         });
         if let Some(estimate_mib) = requeue {
             self.note(Record::Requeued {

@@ -615,6 +615,7 @@ mod tests {
                 code: Some(0),
                 peak_mib: None,
                 reason: String::new(),
+                cpu_s: None,
             },
             starting(2),
             started(2, dead),

@@ -99,8 +99,14 @@ impl Daemon {
                     }
                 }
             } else {
-                let status = read_status(&self.files.status(id, attempt));
-                self.finish(id, status, None, status.is_none());
+                let code = read_status(&self.files.status(id, attempt));
+                self.finish(super::launch::Ended {
+                    id,
+                    code,
+                    signal: None,
+                    vanished: code.is_none(),
+                    cpu: None,
+                });
             }
         }
         Ok(())

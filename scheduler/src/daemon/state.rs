@@ -78,6 +78,8 @@ pub(super) struct Job {
     pub peak_mib: Option<u64>,
     /// Its current attempt's peak has been measured (journaled `measured`).
     pub measured: bool,
+    /// CPU seconds of its ended attempts, where measured (journaled with each end).
+    pub cpu_s: Option<f64>,
     /// Held (out of the queue, not started) and why: see the module docs.
     pub held: Option<String>,
 }
@@ -201,6 +203,7 @@ impl Jobs {
                         submitted_at: at,
                         peak_mib: None,
                         measured: false,
+                        cpu_s: None,
                         held: None,
                     },
                 );
@@ -265,12 +268,16 @@ impl Jobs {
                 outcome,
                 peak_mib,
                 reason,
+                cpu_s,
                 ..
             } => {
                 let Some(job) = self.jobs.get_mut(&id) else {
                     return;
                 };
                 job.peak_mib = job.peak_mib.max(peak_mib);
+                if let Some(cpu) = cpu_s {
+                    job.cpu_s = Some(job.cpu_s.unwrap_or(0.0) + cpu);
+                }
                 job.stage = Stage::Ended(match outcome {
                     Outcome::Succeeded => JobState::Succeeded,
                     Outcome::Cancelled => JobState::Cancelled,
@@ -461,6 +468,7 @@ fn placeholder(id: JobId, reason: String) -> Job {
         submitted_at: 0.0,
         peak_mib: None,
         measured: false,
+        cpu_s: None,
         held: Some(reason),
     }
 }
@@ -621,6 +629,7 @@ mod tests {
                     code: Some(1),
                     peak_mib: Some(3900),
                     reason: "oom".to_owned(),
+                    cpu_s: None,
                 },
                 Record::Requeued {
                     id: 1,
@@ -681,6 +690,7 @@ mod tests {
                     code: Some(0),
                     peak_mib: Some(7000),
                     reason: String::new(),
+                    cpu_s: None,
                 },
                 Record::Cancelled { id: 2 },
             ],

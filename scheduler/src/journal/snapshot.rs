@@ -48,6 +48,9 @@ pub struct JobSnapshot {
     /// Its current attempt's peak has been measured.
     #[serde(default)]
     pub measured: bool,
+    /// CPU seconds of its ended attempts (the scheduler's `wait4`), when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<f64>,
     /// Held, and why: it is neither started nor settled until `ladle release` (or
     /// `ladle cancel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
