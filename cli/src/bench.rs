@@ -1,6 +1,6 @@
 //! `ladle bench fanout` (shared loading against private pipelines, side by side: the
 //! harness in [`crate::fanout`]) and `ladle bench private` (one training job's private
-//! pipeline, the baseline's worker).
+//! pipeline, the baseline's worker); `ladle bench baseline` lives in [`crate::baseline`].
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,6 +20,10 @@ pub(crate) enum BenchCommand {
     /// One process running its own decode + augment pipeline for a while, as a training job
     /// without ladle would (the worker of `fanout`'s independent mode).
     Private(PrivateArgs),
+    /// What your own private pipeline costs: torchvision's RandomResizedCrop + flip in a
+    /// PyTorch DataLoader over an ImageFolder, run by your Python, in CPU ms per sample.
+    /// `--record REC` writes it into a sweep's recording for `ladle cost REC`.
+    Baseline(crate::baseline::BaselineArgs),
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +81,7 @@ pub(crate) fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Private(args) => private(&args),
+        BenchCommand::Baseline(args) => crate::baseline::run(&args),
     }
 }
 

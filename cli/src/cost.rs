@@ -19,8 +19,9 @@ pub(crate) struct CostArgs {
     /// usd_per_hour` (`examples/instances.csv` is one, its prices examples to edit).
     #[arg(long, value_name = "SHAPES.csv")]
     instances: PathBuf,
-    /// CPU milliseconds per sample of your own private pipeline (measured by you), instead of
-    /// the feed's decode cost (a lower bound of what private pipelines cost).
+    /// CPU milliseconds per sample of your own private pipeline (measured by you). Without
+    /// it: the figure `ladle bench baseline --record REC` wrote into the recording, else the
+    /// feed's own decode cost (a lower bound of what private pipelines cost).
     #[arg(long, value_name = "MS")]
     private_cpu_ms: Option<f64>,
     /// Print one JSON object (`workload`, `shapes`, `cheapest`) instead of the table.
@@ -50,7 +51,9 @@ pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
     let private = match args.private_cpu_ms {
         Some(ms) if ms.is_finite() && ms > 0.0 => Some((ms / 1000.0, Basis::Given)),
         Some(ms) => anyhow::bail!("--private-cpu-ms {ms}: a positive number of milliseconds"),
-        None => None,
+        None => crate::baseline::read(&args.recording)?
+            .map(|b| (b.cpu_per_sample(), Basis::Measured))
+            .filter(|(c, _)| *c > 0.0),
     };
     let recording = Recording::read(&args.recording)?;
     let workload = Workload::from_recording(&recording, private)?;

@@ -4,6 +4,7 @@
 //! crates and nothing else. Every subcommand's logic lives in a crate; this binary parses
 //! arguments, draws progress bars and prints reports.
 
+mod baseline;
 mod bench;
 mod consume;
 mod cost;

@@ -52,6 +52,44 @@ pub enum Basis {
     Given,
 }
 
+/// What `ladle bench baseline` measured: a private pipeline (torchvision's transform in a
+/// PyTorch DataLoader) over the sweep's dataset, written beside a recording as
+/// [`crate::record::BASELINE`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// The dataset it read.
+    pub dataset: String,
+    /// Samples it delivered.
+    pub samples: u64,
+    /// Seconds it ran.
+    pub seconds: f64,
+    /// CPU seconds of the loading process and its workers.
+    pub cpu_seconds: f64,
+    /// DataLoader workers.
+    pub workers: u32,
+    /// Samples per batch.
+    pub batch_size: u32,
+    /// Side of the crops.
+    pub image_size: u32,
+    /// The Python that ran it, and its torch and torchvision versions.
+    pub python: String,
+    /// torch's version.
+    pub torch: String,
+    /// torchvision's version.
+    pub torchvision: String,
+}
+
+impl Baseline {
+    /// CPU seconds per sample delivered (0 when it delivered none).
+    pub fn cpu_per_sample(&self) -> f64 {
+        if self.samples == 0 {
+            0.0
+        } else {
+            self.cpu_seconds / self.samples as f64
+        }
+    }
+}
+
 /// A measured sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workload {

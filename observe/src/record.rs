@@ -58,6 +58,10 @@ pub const JOBS: &str = "jobs.csv";
 /// A sweep's end report, written by `ladle sweep --record` when the sweep ends.
 pub const REPORT: &str = "report.json";
 
+/// A private pipeline's measured cost beside a recording (`ladle bench baseline --record`),
+/// read by `ladle cost`.
+pub const BASELINE: &str = "baseline.json";
+
 /// Every file a recording may hold: a directory holding any of them holds a recording.
 pub const FILES: [&str; 7] = [META, FEED, CONSUMERS, SCHEDULER, GPUS, JOBS, REPORT];
 

@@ -610,10 +610,7 @@ mod tests {
         let old = VERSION - 1;
         let line = format!("{{\"v\":{old},\"op\":\"queue\"}}\n");
         let e = read_request(line.as_bytes(), Path::new("x")).unwrap_err();
-        assert!(
-            matches!(e, ProtocolError::Version(v) if v == old),
-            "{e:?}"
-        );
+        assert!(matches!(e, ProtocolError::Version(v) if v == old), "{e:?}");
         assert!(
             e.to_string().starts_with(&format!(
                 "protocol version {old}, expected {VERSION} (the client and the scheduler"

@@ -51,7 +51,10 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
     assert!(priced.status.success(), "{}", priced.stderr);
     let v: serde_json::Value = serde_json::from_str(priced.stdout.trim()).unwrap();
     assert_eq!(v["workload"]["runs"].as_array().unwrap().len(), 2, "{v}");
-    assert!(v["workload"]["run_cpu_per_sample"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(
+        v["workload"]["run_cpu_per_sample"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
     let listed = v["shapes"].as_array().unwrap();
     assert_eq!(listed.len(), 2, "tiny cannot hold a 2 GiB run: {v}");
     assert!(v["skipped"][0].as_str().unwrap().contains("tiny"), "{v}");
@@ -128,5 +131,144 @@ fn a_recorded_sweep_is_priced_on_every_shape_and_bad_shapes_name_their_line() {
             && refused.stderr.contains("vcpus"),
         "{}",
         refused.stderr
+    );
+}
+
+/// The Python that `ladle bench baseline` is measured with here: `LADLE_TEST_PYTHON`, else
+/// `python3`, when it imports torch and torchvision (optional, as the torch tests are).
+fn torch_python() -> Option<String> {
+    let python = std::env::var("LADLE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import torch, torchvision"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+#[test]
+fn a_baseline_measured_into_a_recording_prices_private_pipelines_as_measured() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(64, 96, 72);
+    let rec = fx.path().join("rec");
+    let data_arg = data.to_str().unwrap();
+    // Into a directory that holds no sweep's report: refused before measuring.
+    std::fs::create_dir_all(&rec).unwrap();
+    let refused = fx.run(
+        &[
+            "bench",
+            "baseline",
+            "--dataset",
+            data_arg,
+            "--record",
+            rec.to_str().unwrap(),
+        ],
+        GUARD,
+    );
+    assert!(!refused.status.success());
+    assert!(refused.stderr.contains("report.json"), "{}", refused.stderr);
+    // A Python without torch (no site-packages): a clear error naming it and the ways out.
+    let bare = fx.path().join("bare-python");
+    std::fs::write(&bare, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
+    std::fs::set_permissions(&bare, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let bare_arg = bare.to_str().unwrap();
+    let refused = fx.run(
+        &[
+            "bench",
+            "baseline",
+            "--dataset",
+            data_arg,
+            "--python",
+            bare_arg,
+            "--seconds",
+            "1",
+        ],
+        GUARD,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains(bare_arg)
+            && refused.stderr.contains("torch")
+            && refused.stderr.contains("--private-cpu-ms"),
+        "{}",
+        refused.stderr
+    );
+    // Not an ImageFolder: said so, naming the format.
+    let cifar = fx.path().join("cifar");
+    let generated = fx.run(
+        &[
+            "dataset",
+            "generate",
+            "--format",
+            "cifar10",
+            "--count",
+            "20",
+            "--out",
+            cifar.to_str().unwrap(),
+        ],
+        GUARD,
+    );
+    assert!(generated.status.success(), "{}", generated.stderr);
+    let refused = fx.run(
+        &["bench", "baseline", "--dataset", cifar.to_str().unwrap()],
+        GUARD,
+    );
+    assert!(!refused.status.success());
+    assert!(refused.stderr.contains("cifar10"), "{}", refused.stderr);
+
+    let Some(python) = torch_python() else {
+        eprintln!(
+            "skipping the measurement itself: no Python with torch and torchvision \
+             (set LADLE_TEST_PYTHON)"
+        );
+        return;
+    };
+    let out = fx.path().join("sweep");
+    std::fs::remove_dir_all(&rec).unwrap();
+    recorded_sim_sweep(&mut fx, &data, &out, &rec);
+    let measured = fx.run(
+        &[
+            "bench",
+            "baseline",
+            "--dataset",
+            data_arg,
+            "--python",
+            &python,
+            "--seconds",
+            "2",
+            "--workers",
+            "1",
+            "--record",
+            rec.to_str().unwrap(),
+            "--json",
+        ],
+        GUARD,
+    );
+    assert!(measured.status.success(), "{}", measured.stderr);
+    let line: serde_json::Value = serde_json::from_str(measured.stdout.trim()).unwrap();
+    let ms = line["cpu_ms_per_sample"].as_f64().unwrap();
+    assert!(ms > 0.0 && line["samples"].as_u64().unwrap() > 0, "{line}");
+    let shapes = fx.path().join("shapes.csv");
+    std::fs::write(
+        &shapes,
+        "name,vcpus,gpus,gpu_model,gpu_mem_gib,usd_per_hour\none,4,1,L4,24,1.0\n",
+    )
+    .unwrap();
+    let priced = fx.run(
+        &[
+            "cost",
+            rec.to_str().unwrap(),
+            "--instances",
+            shapes.to_str().unwrap(),
+            "--json",
+        ],
+        GUARD,
+    );
+    assert!(priced.status.success(), "{}", priced.stderr);
+    let v: serde_json::Value = serde_json::from_str(priced.stdout.trim()).unwrap();
+    assert_eq!(v["workload"]["private_basis"], "measured", "{v}");
+    let per_sample = v["workload"]["private_cpu_per_sample"].as_f64().unwrap();
+    assert!(
+        (per_sample * 1e3 - ms).abs() < 1e-6 * ms.max(1.0),
+        "{v} against {line}"
     );
 }
