@@ -2,17 +2,21 @@
 //! its measured rates: pure arithmetic (a [`Workload`] and [`Shape`]s in, [`Estimate`]s out),
 //! apart from reading recordings (`ladle cost`) and the sweep's end report.
 //!
-//! The model. A sweep is `R` runs that consume `S` samples in all. Each run, while it did not
-//! wait for data, went at its *GPU-bound rate* `g` (samples/s, measured where it ran, beside
-//! whatever runs shared its GPU: interference between collocated runs is in the measurement,
-//! not modelled). On a shape with `G` GPUs of `M` MiB, `⌊M / peak⌋` runs fit on a GPU (their
-//! measured memory peaks), so `min(R, G·fit)` run at once: the GPUs can take `min(R, G·fit)·ḡ`
-//! samples/s. The vCPUs can feed `vcpus / c` samples/s, where `c` is the CPU-seconds a sample
-//! consumed costs: the run's own process per sample, plus, with ladle, the feed's decode cost
-//! per sample decoded divided by how many runs each decoded sample served, or, with private
-//! pipelines, the private pipeline's cost per sample. The sweep goes at the lesser of the two,
-//! takes `S` over that, and costs its hours at the shape's price. Runs of one feed go at their
-//! own pace (a slow one skims: `producer`'s pacing), so the slowest run does not set the others'.
+//! The model. A sweep is `R` runs that consume `S` samples in all, run `i` consuming `sᵢ`.
+//! Each run, while it did not wait for data, went at its *GPU-bound rate* `gᵢ` (samples/s,
+//! measured where it ran, beside whatever runs shared its GPU: interference between collocated
+//! runs is in the measurement, not modelled), so on GPUs alone it takes `sᵢ / gᵢ`. On a shape
+//! with `G` GPUs of `M` MiB, `⌊M / peak⌋` runs fit on a GPU (their measured memory peaks), so
+//! `min(R, G·fit)` run at once; runs start in the sweep's order as places free up, and the
+//! GPUs alone would take the longest place's time `T_gpu`. The vCPUs need `S · c / vcpus`
+//! seconds (`T_cpu`), where `c` is the CPU-seconds a consumed sample costs: the run's own
+//! process per sample, plus, with ladle, the feed's decode cost per sample decoded divided by
+//! how many runs each decoded sample served, or, with private pipelines, the private
+//! pipeline's cost per sample. The sweep takes the longer of the two, and costs its hours at
+//! the shape's price. Runs of one feed go at their own pace (a slow one skims: `producer`'s
+//! pacing), so the slowest run does not set the others'; a sweep whose runs are bound by the
+//! CPU part of the time and by the GPUs the rest takes longer than the model says (it
+//! assumes the CPU is busy throughout), which `benches/README.md` ("Cost") measures.
 
 use serde::{Deserialize, Serialize};
 
@@ -21,15 +25,29 @@ use serde::{Deserialize, Serialize};
 pub struct RunRate {
     /// Its name.
     pub name: String,
-    /// Samples it consumed.
+    /// Samples it consumed between its first and last look (its rate's numerator).
     pub samples: u64,
-    /// Seconds it ran, less the time it waited for data.
+    /// Seconds it ran between those looks, less the time it waited for data.
     pub busy_seconds: f64,
+    /// Samples it consumed in all (0: unknown, taken as `samples`).
+    #[serde(default)]
+    pub consumed: u64,
     /// Its highest GPU memory, MiB, when measured.
     pub gpu_peak_mib: Option<u64>,
 }
 
 impl RunRate {
+    /// Seconds it takes on GPUs alone (never waiting for data).
+    pub fn gpu_seconds(&self) -> f64 {
+        let rate = self.gpu_bound_rate();
+        let all = if self.consumed > 0 {
+            self.consumed
+        } else {
+            self.samples
+        };
+        if rate > 0.0 { all as f64 / rate } else { 0.0 }
+    }
+
     /// Samples per second while it did not wait for data (0 when it never was busy).
     pub fn gpu_bound_rate(&self) -> f64 {
         if self.busy_seconds > 0.0 {
@@ -237,8 +255,8 @@ impl Workload {
         };
         let runs = u64::try_from(self.runs.len()).unwrap_or(u64::MAX).max(1);
         let at_once = runs.min(u64::from(shape.gpus) * u64::from(runs_per_gpu));
-        let gpu_side = at_once as f64 * rate;
-        let plan = |cpu_per_sample: f64| self.plan(shape, gpu_side, cpu_per_sample);
+        let gpu_seconds = self.gpu_seconds(usize::try_from(at_once).unwrap_or(usize::MAX));
+        let plan = |cpu_per_sample: f64| self.plan(shape, gpu_seconds, cpu_per_sample);
         Ok(Estimate {
             name: shape.name.clone(),
             runs_per_gpu: runs_per_gpu.min(u32::try_from(runs).unwrap_or(u32::MAX)),
@@ -247,21 +265,37 @@ impl Workload {
         })
     }
 
-    fn plan(&self, shape: &Shape, gpu_side: f64, cpu_per_sample: f64) -> Plan {
-        let cpu_side = if cpu_per_sample > 0.0 {
-            f64::from(shape.vcpus) / cpu_per_sample
-        } else {
-            f64::INFINITY
-        };
-        let (samples_per_s, bound) = if cpu_side < gpu_side {
-            (cpu_side, "cpu")
-        } else {
-            (gpu_side, "gpu")
-        };
+    /// Seconds the runs take on GPUs alone with `places` of them at once: each starts, in
+    /// the sweep's order, in the place that frees up first; the last place to finish ends it.
+    /// A run measured without a rate takes the mean run's time.
+    pub fn gpu_seconds(&self, places: usize) -> f64 {
+        let known: Vec<f64> = (self.runs.iter())
+            .map(RunRate::gpu_seconds)
+            .filter(|&s| s > 0.0)
+            .collect();
+        let mean = known.iter().sum::<f64>() / known.len().max(1) as f64;
+        let mut ends = vec![0.0_f64; places.clamp(1, self.runs.len().max(1))];
+        for run in &self.runs {
+            let seconds = Some(run.gpu_seconds()).filter(|&s| s > 0.0).unwrap_or(mean);
+            if let Some(first) = ends.iter_mut().min_by(|a, b| a.total_cmp(b)) {
+                *first += seconds;
+            }
+        }
+        ends.into_iter().fold(0.0, f64::max)
+    }
+
+    fn plan(&self, shape: &Shape, gpu_seconds: f64, cpu_per_sample: f64) -> Plan {
         let samples = self.samples() as f64;
-        let wall_seconds = samples / samples_per_s;
+        let (wall_seconds, bound) = wall_seconds(
+            gpu_seconds,
+            samples * cpu_per_sample,
+            f64::from(shape.vcpus),
+        );
+        let samples_per_s = samples / wall_seconds.max(f64::MIN_POSITIVE);
         let usd = wall_seconds / 3600.0 * shape.usd_per_hour;
-        let vcpus_to_feed = gpu_side * cpu_per_sample / f64::from(shape.gpus);
+        // vCPUs that do the sweep's CPU work in the GPUs' time.
+        let vcpus_to_feed =
+            samples * cpu_per_sample / gpu_seconds.max(f64::MIN_POSITIVE) / f64::from(shape.gpus);
         Plan {
             samples_per_s,
             bound: bound.to_owned(),
@@ -271,6 +305,17 @@ impl Workload {
             usd_per_1000_samples: usd / samples.max(1.0) * 1000.0,
             min_vcpus_per_gpu: vcpus_to_feed.ceil().max(1.0) as u32,
         }
+    }
+}
+
+/// The model's wall time: the longer of the GPUs' time and the CPU work spread over `vcpus`,
+/// and which of the two it is (`"gpu"` or `"cpu"`).
+pub fn wall_seconds(gpu_seconds: f64, cpu_seconds: f64, vcpus: f64) -> (f64, &'static str) {
+    let cpu_wall = cpu_seconds / vcpus.max(f64::MIN_POSITIVE);
+    if cpu_wall > gpu_seconds {
+        (cpu_wall, "cpu")
+    } else {
+        (gpu_seconds, "gpu")
     }
 }
 
@@ -327,6 +372,7 @@ impl Workload {
                 name: run.name.clone(),
                 samples,
                 busy_seconds: (seconds - waited).max(0.0),
+                consumed: last.released,
                 gpu_peak_mib: peak,
             });
         }
@@ -425,6 +471,7 @@ mod tests {
                     name: format!("run-{k:02}"),
                     samples: 10_000,
                     busy_seconds: 100.0,
+                    consumed: 0,
                     gpu_peak_mib: Some(4096),
                 })
                 .collect(),
@@ -491,6 +538,23 @@ mod tests {
             matches!(err, CostError::DoesNotFit { peak_mib: 4096, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_slowest_run_ends_a_sweep_on_gpus_and_runs_fill_places_as_they_free_up() {
+        let mut w = workload();
+        // Run 0 is twice as slow: 200 s alone on the GPUs, the others 100 s.
+        w.runs[0].busy_seconds = 200.0;
+        let e = w.estimate(&shape(64, 1, 16.0, 3.6)).unwrap();
+        assert_eq!(e.ladle.bound, "gpu");
+        assert!((e.ladle.wall_seconds - 200.0).abs() < 1e-9, "{e:?}");
+        assert!((e.ladle.samples_per_s - 200.0).abs() < 1e-9, "{e:?}");
+        // Two places: runs 0 (200 s) and 1 (100 s) start; run 2 takes run 1's place at 100 s
+        // and ends at 200 s with run 0; run 3 starts then and ends at 300 s.
+        assert!((w.gpu_seconds(2) - 300.0).abs() < 1e-9);
+        // The whole count consumed, not only the measured window, sets a run's time.
+        w.runs[1].consumed = 40_000;
+        assert!((w.gpu_seconds(4) - 400.0).abs() < 1e-9);
     }
 
     #[test]
