@@ -37,7 +37,8 @@ pub(crate) struct CostArgs {
 struct Output<'a> {
     workload: &'a Workload,
     shapes: &'a [Estimate],
-    /// The shape whose sweep with ladle costs least.
+    /// The shape whose sweep with ladle costs least, among those with the GPU the runs were
+    /// measured on when any has it.
     cheapest: Option<&'a str>,
     /// Shapes that cannot run the sweep, and why.
     skipped: Vec<String>,
@@ -69,7 +70,15 @@ pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
         plot(&workload, &shapes, path).with_context(|| format!("drawing {}", path.display()))?;
         eprintln!("ladle cost: wrote {}", path.display());
     }
-    let cheapest = (estimates.iter())
+    // Among the shapes with the GPU the runs were measured on, when any has it: another
+    // GPU's price rests on an assumed speed.
+    let measured_gpu = |e: &&Estimate| e.gpu_as_measured != Some(false);
+    let pool: Vec<&Estimate> = if estimates.iter().any(|e| measured_gpu(&e)) {
+        estimates.iter().filter(measured_gpu).collect()
+    } else {
+        estimates.iter().collect()
+    };
+    let cheapest = (pool.into_iter())
         .min_by(|a, b| a.ladle.usd.total_cmp(&b.ladle.usd))
         .map(|e| e.name.as_str());
     if args.json {
@@ -153,12 +162,17 @@ fn table(w: &Workload, estimates: &[Estimate], cheapest: Option<&str>) -> String
          | private samples/s | private $ | private $/run | private min vCPU/GPU |\n",
     );
     out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut other_gpu = false;
     for e in estimates {
-        let name = if Some(e.name.as_str()) == cheapest {
+        let mut name = if Some(e.name.as_str()) == cheapest {
             format!("**{}** (cheapest)", e.name)
         } else {
             e.name.clone()
         };
+        if e.gpu_as_measured == Some(false) {
+            name.push_str(" †");
+            other_gpu = true;
+        }
         let (l, p) = (&e.ladle, &e.private);
         out.push_str(&format!(
             "| {name} | {} | {:.0} ({}) | {:.4} | {:.4} | {} | {:.0} ({}) | {:.4} | {:.4} | {} |\n",
@@ -173,6 +187,13 @@ fn table(w: &Workload, estimates: &[Estimate], cheapest: Option<&str>) -> String
             p.usd,
             p.usd_per_run,
             p.min_vcpus_per_gpu,
+        ));
+    }
+    if other_gpu {
+        out.push_str(&format!(
+            "\n† not the GPU the runs were measured on ({}): its estimate assumes they go as fast \
+             per GPU there; record a run on it to know\n",
+            w.gpu_name.as_deref().unwrap_or("unknown"),
         ));
     }
     out

@@ -148,7 +148,7 @@ fn torch_python() -> Option<String> {
 #[test]
 fn a_baseline_measured_into_a_recording_prices_private_pipelines_as_measured() {
     let mut fx = Fixture::new();
-    let data = fx.dataset(64, 96, 72);
+    let data = fx.dataset(200, 96, 72);
     let rec = fx.path().join("rec");
     let data_arg = data.to_str().unwrap();
     // Into a directory that holds no sweep's report: refused before measuring.

@@ -18,6 +18,9 @@
 //! CPU part of the time and by the GPUs the rest takes longer than the model says (it
 //! assumes the CPU is busy throughout), which `benches/README.md` ("Cost") measures.
 
+mod fluid;
+
+use fluid::Loading;
 use serde::{Deserialize, Serialize};
 
 /// One run as measured.
@@ -126,6 +129,9 @@ pub struct Workload {
     pub private_cpu_per_sample: f64,
     /// Where that figure comes from.
     pub private_basis: Basis,
+    /// The GPU the runs' rates were measured on (the recording's `gpus.csv`), when known.
+    #[serde(default)]
+    pub gpu_name: Option<String>,
 }
 
 /// A cloud instance shape (one row of `--instances`).
@@ -160,8 +166,11 @@ pub struct Plan {
     pub usd_per_run: f64,
     /// Its price per 1000 samples.
     pub usd_per_1000_samples: f64,
-    /// The fewest vCPUs per GPU that keep the GPUs fed.
+    /// The fewest vCPUs per GPU that keep the GPUs fed (the sweep within 1% of its time
+    /// with unlimited vCPUs).
     pub min_vcpus_per_gpu: u32,
+    /// Samples decoded: by the feed (ladle), or by every pipeline (private).
+    pub decoded: u64,
 }
 
 /// The sweep on one shape.
@@ -171,6 +180,9 @@ pub struct Estimate {
     pub name: String,
     /// Runs that fit on one of its GPUs (measured peaks).
     pub runs_per_gpu: u32,
+    /// Whether its GPU is the model the rates were measured on (`None`: the recording does
+    /// not say). When not, the estimate assumes the runs go as fast per GPU as measured.
+    pub gpu_as_measured: Option<bool>,
     /// With ladle.
     pub ladle: Plan,
     /// With private pipelines.
@@ -255,55 +267,92 @@ impl Workload {
         };
         let runs = u64::try_from(self.runs.len()).unwrap_or(u64::MAX).max(1);
         let at_once = runs.min(u64::from(shape.gpus) * u64::from(runs_per_gpu));
-        let gpu_seconds = self.gpu_seconds(usize::try_from(at_once).unwrap_or(usize::MAX));
-        let plan = |cpu_per_sample: f64| self.plan(shape, gpu_seconds, cpu_per_sample);
+        let places = usize::try_from(at_once).unwrap_or(usize::MAX);
+        let shared = Loading::Shared {
+            feed_cpu: self.feed_cpu_per_sample,
+        };
+        let private = Loading::Private {
+            cpu: self.private_cpu_per_sample,
+        };
         Ok(Estimate {
             name: shape.name.clone(),
             runs_per_gpu: runs_per_gpu.min(u32::try_from(runs).unwrap_or(u32::MAX)),
-            ladle: plan(self.ladle_cpu_per_sample()),
-            private: plan(self.private_cpu_per_sample()),
+            gpu_as_measured: self.gpu_name.as_deref().map(|measured| {
+                let model = shape.gpu_model.trim().to_lowercase();
+                !model.is_empty() && measured.to_lowercase().contains(&model)
+            }),
+            ladle: self.plan(shape, places, shared),
+            private: self.plan(shape, places, private),
         })
     }
 
-    /// Seconds the runs take on GPUs alone with `places` of them at once: each starts, in
-    /// the sweep's order, in the place that frees up first; the last place to finish ends it.
-    /// A run measured without a rate takes the mean run's time.
-    pub fn gpu_seconds(&self, places: usize) -> f64 {
-        let known: Vec<f64> = (self.runs.iter())
-            .map(RunRate::gpu_seconds)
-            .filter(|&s| s > 0.0)
-            .collect();
-        let mean = known.iter().sum::<f64>() / known.len().max(1) as f64;
-        let mut ends = vec![0.0_f64; places.clamp(1, self.runs.len().max(1))];
-        for run in &self.runs {
-            let seconds = Some(run.gpu_seconds()).filter(|&s| s > 0.0).unwrap_or(mean);
-            if let Some(first) = ends.iter_mut().min_by(|a, b| a.total_cmp(b)) {
-                *first += seconds;
-            }
-        }
-        ends.into_iter().fold(0.0, f64::max)
+    /// The runs as the fluid model takes them: a run measured without a rate goes at the
+    /// mean rate.
+    fn fluid_runs(&self) -> Vec<fluid::Run> {
+        let mean = self.mean_gpu_bound_rate();
+        (self.runs.iter())
+            .map(|r| fluid::Run {
+                samples: (if r.consumed > 0 {
+                    r.consumed
+                } else {
+                    r.samples
+                }) as f64,
+                rate: Some(r.gpu_bound_rate())
+                    .filter(|&g| g > 0.0)
+                    .unwrap_or(mean),
+            })
+            .collect()
     }
 
-    fn plan(&self, shape: &Shape, gpu_seconds: f64, cpu_per_sample: f64) -> Plan {
-        let samples = self.samples() as f64;
-        let (wall_seconds, bound) = wall_seconds(
-            gpu_seconds,
-            samples * cpu_per_sample,
-            f64::from(shape.vcpus),
-        );
-        let samples_per_s = samples / wall_seconds.max(f64::MIN_POSITIVE);
+    /// Seconds the runs take on GPUs alone (vCPUs without limit) with `places` of them at
+    /// once: each starts, in the sweep's order, in the place that frees up first.
+    pub fn gpu_seconds(&self, places: usize) -> f64 {
+        let runs = self.fluid_runs();
+        let free = Loading::Private { cpu: 0.0 };
+        fluid::simulate(&runs, places, f64::INFINITY, 0.0, free).wall
+    }
+
+    fn plan(&self, shape: &Shape, places: usize, loading: Loading) -> Plan {
+        let runs = self.fluid_runs();
+        let on =
+            |vcpus: f64| fluid::simulate(&runs, places, vcpus, self.run_cpu_per_sample, loading);
+        let o = on(f64::from(shape.vcpus));
+        let wall_seconds = o.wall;
+        let samples: f64 = runs.iter().map(|r| r.samples).sum();
         let usd = wall_seconds / 3600.0 * shape.usd_per_hour;
-        // vCPUs that do the sweep's CPU work in the GPUs' time.
-        let vcpus_to_feed =
-            samples * cpu_per_sample / gpu_seconds.max(f64::MIN_POSITIVE) / f64::from(shape.gpus);
+        // The fewest vCPUs per GPU within 1% of the GPUs' own time (wall time only falls as
+        // vCPUs are added, so a doubling search and a bisection find it).
+        let gpus = f64::from(shape.gpus);
+        let target = on(f64::INFINITY).wall * 1.01;
+        let fed = |k: u32| on(f64::from(k) * gpus).wall <= target;
+        let mut hi = 1u32;
+        while !fed(hi) && hi < 1 << 20 {
+            hi *= 2;
+        }
+        let mut lo = hi / 2;
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fed(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        let min_vcpus_per_gpu = if fed(1) { 1 } else { hi };
         Plan {
-            samples_per_s,
-            bound: bound.to_owned(),
+            samples_per_s: samples / wall_seconds.max(f64::MIN_POSITIVE),
+            bound: if o.cpu_bound > 0.5 * o.wall {
+                "cpu"
+            } else {
+                "gpu"
+            }
+            .to_owned(),
             wall_seconds,
             usd,
             usd_per_run: usd / self.runs.len().max(1) as f64,
             usd_per_1000_samples: usd / samples.max(1.0) * 1000.0,
-            min_vcpus_per_gpu: vcpus_to_feed.ceil().max(1.0) as u32,
+            min_vcpus_per_gpu,
+            decoded: o.decoded.round() as u64,
         }
     }
 }
@@ -383,6 +432,16 @@ impl Workload {
         if feed.samples_published == 0 {
             return Err(WorkloadError::NoFeed);
         }
+        // The recording looks once a second, so each run's last look misses up to a second
+        // of its samples; the feed counted them all. Spread what the looks missed over the
+        // runs by what each was seen to consume.
+        let seen: u64 = runs.iter().map(|r| r.consumed).sum();
+        if feed.samples_consumed > seen && seen > 0 {
+            let scale = feed.samples_consumed as f64 / seen as f64;
+            for run in &mut runs {
+                run.consumed = (run.consumed as f64 * scale).round() as u64;
+            }
+        }
         let feed_cpu_per_sample = feed.cpu_seconds / feed.samples_published as f64;
         let consumed = feed.samples_consumed.max(1) as f64;
         // The runs' own CPU, as their scheduler measured each; a report from before runs
@@ -405,6 +464,9 @@ impl Workload {
             run_cpu_per_sample: runs_cpu / consumed,
             private_cpu_per_sample,
             private_basis,
+            gpu_name: (recording.gpus.iter().flatten())
+                .map(|g| g.name.clone())
+                .find(|n| !n.is_empty()),
         })
     }
 }
@@ -481,6 +543,7 @@ mod tests {
             run_cpu_per_sample: 0.0,
             private_cpu_per_sample: 0.001,
             private_basis: Basis::LowerBound,
+            gpu_name: Some("NVIDIA H100 80GB HBM3".into()),
         }
     }
 
@@ -502,6 +565,12 @@ mod tests {
         // pipelines, 4000 with ladle: both GPU-bound, the same price.
         let e = w.estimate(&shape(1, 1, 16.0, 3.6)).unwrap();
         assert_eq!(e.runs_per_gpu, 4);
+        assert_eq!(e.gpu_as_measured, Some(true));
+        let l4 = Shape {
+            gpu_model: "L4".into(),
+            ..shape(1, 1, 16.0, 3.6)
+        };
+        assert_eq!(w.estimate(&l4).unwrap().gpu_as_measured, Some(false));
         for plan in [&e.ladle, &e.private] {
             assert_eq!(plan.bound, "gpu");
             assert!((plan.samples_per_s - 400.0).abs() < 1e-9);
@@ -551,7 +620,11 @@ mod tests {
         assert!((e.ladle.samples_per_s - 200.0).abs() < 1e-9, "{e:?}");
         // Two places: runs 0 (200 s) and 1 (100 s) start; run 2 takes run 1's place at 100 s
         // and ends at 200 s with run 0; run 3 starts then and ends at 300 s.
-        assert!((w.gpu_seconds(2) - 300.0).abs() < 1e-9);
+        assert!(
+            (w.gpu_seconds(2) - 300.0).abs() < 1e-9,
+            "{}",
+            w.gpu_seconds(2)
+        );
         // The whole count consumed, not only the measured window, sets a run's time.
         w.runs[1].consumed = 40_000;
         assert!((w.gpu_seconds(4) - 400.0).abs() < 1e-9);
