@@ -2,21 +2,20 @@
 //! its measured rates: pure arithmetic (a [`Workload`] and [`Shape`]s in, [`Estimate`]s out),
 //! apart from reading recordings (`ladle cost`) and the sweep's end report.
 //!
-//! The model. A sweep is `R` runs that consume `S` samples in all, run `i` consuming `sᵢ`.
-//! Each run, while it did not wait for data, went at its *GPU-bound rate* `gᵢ` (samples/s,
-//! measured where it ran, beside whatever runs shared its GPU: interference between collocated
-//! runs is in the measurement, not modelled), so on GPUs alone it takes `sᵢ / gᵢ`. On a shape
-//! with `G` GPUs of `M` MiB, `⌊M / peak⌋` runs fit on a GPU (their measured memory peaks), so
-//! `min(R, G·fit)` run at once; runs start in the sweep's order as places free up, and the
-//! GPUs alone would take the longest place's time `T_gpu`. The vCPUs need `S · c / vcpus`
-//! seconds (`T_cpu`), where `c` is the CPU-seconds a consumed sample costs: the run's own
-//! process per sample, plus, with ladle, the feed's decode cost per sample decoded divided by
-//! how many runs each decoded sample served, or, with private pipelines, the private
-//! pipeline's cost per sample. The sweep takes the longer of the two, and costs its hours at
-//! the shape's price. Runs of one feed go at their own pace (a slow one skims: `producer`'s
-//! pacing), so the slowest run does not set the others'; a sweep whose runs are bound by the
-//! CPU part of the time and by the GPUs the rest takes longer than the model says (it
-//! assumes the CPU is busy throughout), which `benches/README.md` ("Cost") measures.
+//! The model. A sweep is `R` runs, run `i` consuming `sᵢ` samples. Each run, while it did not
+//! wait for data, went at its *GPU-bound rate* `gᵢ` (samples/s, measured where it ran, beside
+//! whatever runs shared its GPU: interference between collocated runs is in the measurement,
+//! not modelled). On a shape with `G` GPUs of `M` MiB, `⌊M / peak⌋` runs fit on a GPU (their
+//! measured memory peaks), so `min(R, G·fit)` run at once, starting in the sweep's order as
+//! places free up. The vCPUs are shared out as [`fluid`] describes: with ladle, one stream that
+//! the feed decodes at `c_f` CPU-seconds a sample, no faster than the fastest running run
+//! wants it, each run taking it at `min(gᵢ, stream)` (a slower run skims: `producer`'s pacing,
+//! so the slowest run does not set the others' pace); with private pipelines, each run
+//! decoding for itself at `c_p` a sample, the vCPUs shared fairly. Every consumed sample also
+//! costs its run's own process `r`. The sweep ends with its last run and costs its hours at
+//! the shape's price. What it does not know (start-up, the scheduler's admission delay, the
+//! waits pacing gives a skimming run, another GPU's speed) `benches/README.md` ("Cost")
+//! measures.
 
 mod fluid;
 
