@@ -7,7 +7,7 @@
 //! whatever runs shared its GPU: interference between collocated runs is in the measurement,
 //! not modelled). On a shape with `G` GPUs of `M` MiB, `⌊M / peak⌋` runs fit on a GPU (their
 //! measured memory peaks), so `min(R, G·fit)` run at once, starting in the sweep's order as
-//! places free up. The vCPUs are shared out as [`fluid`] describes: with ladle, one stream that
+//! places free up. The vCPUs are shared out as `cost/fluid.rs` describes: with ladle, one stream that
 //! the feed decodes at `c_f` CPU-seconds a sample, no faster than the fastest running run
 //! wants it, each run taking it at `min(gᵢ, stream)` (a slower run skims: `producer`'s pacing,
 //! so the slowest run does not set the others' pace); with private pipelines, each run
