@@ -237,7 +237,9 @@ pub struct JobView {
     /// Highest device memory observed per GPU, MiB.
     pub peak_mib: Option<u64>,
     /// CPU seconds of its ended attempts (user + system, with the children each waited
-    /// for), when the scheduler reaped them: a sweep's cost report reads its runs' CPU here.
+    /// for) that the scheduler reaped itself (not one that ended while it was down, nor a
+    /// command its wrapper could not reap because the group was killed): a sweep's cost
+    /// report reads its runs' CPU here.
     #[serde(default)]
     pub cpu_s: Option<f64>,
     /// Submission time, Unix seconds.

@@ -615,9 +615,10 @@ pub fn run(
         .sum();
     let per_sample = decode_cpu / published.max(1) as f64;
     let private_cpu = runs_cpu + per_sample * consumed as f64;
-    // Private pipelines on the same cores (`ladle cost`'s model, the measured wall standing
-    // for the GPUs' time): the runs' CPU and their decoding must fit in the cores' time, else
-    // the sweep takes longer and its runs hold their GPUs longer.
+    // Private pipelines on the same cores (the CPU bound of `ladle cost`'s model, the measured
+    // wall standing for the GPUs' time): the runs' CPU and their decoding must fit in the
+    // cores' time, else the sweep takes longer and its runs hold their GPUs longer. A run
+    // whose CPU its scheduler did not measure (adopted after a restart) counts none.
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     let (private_wall, _) = ladle_observe::cost::wall_seconds(wall, private_cpu, cores);
     let private_gpu_hours = gpu_hours * private_wall / wall.max(f64::MIN_POSITIVE);

@@ -113,7 +113,7 @@ fn rates(
             } else {
                 // cpu(f) grows with f: the fastest stream the vCPUs allow.
                 let (mut lo, mut hi) = (0.0, fastest);
-                for _ in 0..100 {
+                for _ in 0..60 {
                     let mid = 0.5 * (lo + hi);
                     if cpu(mid) <= vcpus {
                         lo = mid;

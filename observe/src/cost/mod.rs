@@ -276,10 +276,10 @@ impl Workload {
         Ok(Estimate {
             name: shape.name.clone(),
             runs_per_gpu: runs_per_gpu.min(u32::try_from(runs).unwrap_or(u32::MAX)),
-            gpu_as_measured: self.gpu_name.as_deref().map(|measured| {
-                let model = shape.gpu_model.trim().to_lowercase();
-                !model.is_empty() && measured.to_lowercase().contains(&model)
-            }),
+            gpu_as_measured: self
+                .gpu_name
+                .as_deref()
+                .map(|m| same_gpu(m, &shape.gpu_model)),
             ladle: self.plan(shape, places, shared),
             private: self.plan(shape, places, private),
         })
@@ -324,11 +324,16 @@ impl Workload {
         let gpus = f64::from(shape.gpus);
         let target = on(f64::INFINITY).wall * 1.01;
         let fed = |k: u32| on(f64::from(k) * gpus).wall <= target;
+        // `hi` is fed, `lo` is not (0: not tried); none fed by 2^20 vCPUs a GPU: u32::MAX.
         let mut hi = 1u32;
-        while !fed(hi) && hi < 1 << 20 {
+        while !fed(hi) {
+            if hi >= 1 << 20 {
+                hi = u32::MAX;
+                break;
+            }
             hi *= 2;
         }
-        let mut lo = hi / 2;
+        let mut lo = if hi == u32::MAX { hi } else { hi / 2 };
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             if fed(mid) {
@@ -337,7 +342,7 @@ impl Workload {
                 lo = mid;
             }
         }
-        let min_vcpus_per_gpu = if fed(1) { 1 } else { hi };
+        let min_vcpus_per_gpu = hi;
         Plan {
             samples_per_s: samples / wall_seconds.max(f64::MIN_POSITIVE),
             bound: if o.cpu_bound > 0.5 * o.wall {
@@ -356,8 +361,10 @@ impl Workload {
     }
 }
 
-/// The model's wall time: the longer of the GPUs' time and the CPU work spread over `vcpus`,
-/// and which of the two it is (`"gpu"` or `"cpu"`).
+/// A sweep's wall time when all it knows is its GPUs' time and its CPU work (the sweep's end
+/// report, the measured wall standing for the GPUs' time): the longer of that time and the
+/// CPU work over `vcpus`, and which of the two it is (`"gpu"` or `"cpu"`). The fluid model
+/// of [`Workload::estimate`] is never shorter.
 pub fn wall_seconds(gpu_seconds: f64, cpu_seconds: f64, vcpus: f64) -> (f64, &'static str) {
     let cpu_wall = cpu_seconds / vcpus.max(f64::MIN_POSITIVE);
     if cpu_wall > gpu_seconds {
@@ -366,6 +373,19 @@ pub fn wall_seconds(gpu_seconds: f64, cpu_seconds: f64, vcpus: f64) -> (f64, &'s
         (gpu_seconds, "gpu")
     }
 }
+
+/// Whether GPU `model` (`L4`, `H100`) names the GPU `measured` (NVML's name, `NVIDIA H100
+/// 80GB HBM3`): one of the name's words, whole (so `L4` is not an `L40S`, nor `A10` an
+/// `A100-SXM4-80GB`), case aside.
+fn same_gpu(measured: &str, model: &str) -> bool {
+    let model = model.trim();
+    !model.is_empty()
+        && (measured.split(|c: char| !c.is_ascii_alphanumeric()))
+            .any(|word| word.eq_ignore_ascii_case(model))
+}
+
+/// Seconds between a recording's looks: what a run's last look can miss.
+const LOOK_SECONDS: f64 = 1.0;
 
 /// What a recording lacks to make a [`Workload`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -399,6 +419,9 @@ impl Workload {
         let rows = (recording.consumers.as_ref())
             .ok_or_else(|| WorkloadError::NoConsumers(dir.clone()))?;
         let mut runs = Vec::new();
+        // Each run's rate between its looks, and its CPU when measured.
+        let mut seen_rate = Vec::new();
+        let mut cpu = Vec::new();
         for run in &report.runs {
             let mine: Vec<_> = rows.iter().filter(|r| r.name == run.name).collect();
             let (Some(first), Some(last)) = (mine.first(), mine.last()) else {
@@ -423,6 +446,8 @@ impl Workload {
                 consumed: last.released,
                 gpu_peak_mib: peak,
             });
+            seen_rate.push(samples as f64 / seconds);
+            cpu.push(run.cpu_seconds);
         }
         if runs.is_empty() {
             return Err(WorkloadError::NoConsumers(dir));
@@ -433,25 +458,34 @@ impl Workload {
         }
         // The recording looks once a second, so each run's last look misses up to a second
         // of its samples; the feed counted them all. Spread what the looks missed over the
-        // runs by what each was seen to consume.
+        // runs by what each was seen to consume, at most a look's worth each (the rest is
+        // other consumers', runs without looks, or a retried run's earlier attempt).
         let seen: u64 = runs.iter().map(|r| r.consumed).sum();
         if feed.samples_consumed > seen && seen > 0 {
-            let scale = feed.samples_consumed as f64 / seen as f64;
-            for run in &mut runs {
-                run.consumed = (run.consumed as f64 * scale).round() as u64;
+            let missed = (feed.samples_consumed - seen) as f64;
+            for (run, rate) in runs.iter_mut().zip(&seen_rate) {
+                let share = missed * run.consumed as f64 / seen as f64;
+                run.consumed += share.min(rate * LOOK_SECONDS).round() as u64;
             }
         }
         let feed_cpu_per_sample = feed.cpu_seconds / feed.samples_published as f64;
         let consumed = feed.samples_consumed.max(1) as f64;
         // The runs' own CPU, as their scheduler measured each; a report from before runs
         // carried it: the private-pipeline CPU less the feed's cost of what they consumed.
-        let measured: Vec<f64> = report.runs.iter().filter_map(|r| r.cpu_seconds).collect();
-        let runs_cpu = if measured.is_empty() {
+        // Per sample, over the runs whose CPU was measured (not one a restarted scheduler
+        // adopted).
+        let measured: Vec<(f64, u64)> = (cpu.iter().zip(&runs))
+            .filter_map(|(c, r)| c.map(|c| (c, r.consumed)))
+            .collect();
+        let run_cpu_per_sample = if measured.is_empty() {
             (report.cost.private_pipelines_cpu_seconds
                 - feed_cpu_per_sample * feed.samples_consumed as f64)
                 .max(0.0)
+                / consumed
         } else {
-            measured.iter().sum()
+            let (cpu, samples) =
+                (measured.iter()).fold((0.0, 0), |(c, n), (mc, mn)| (c + mc, n + mn));
+            cpu / samples.max(1) as f64
         };
         let (private_cpu_per_sample, private_basis) =
             private.unwrap_or((feed_cpu_per_sample, Basis::LowerBound));
@@ -460,7 +494,7 @@ impl Workload {
             samples_consumed: feed.samples_consumed,
             feed_cpu_per_sample,
             sharing: consumed / feed.samples_published as f64,
-            run_cpu_per_sample: runs_cpu / consumed,
+            run_cpu_per_sample,
             private_cpu_per_sample,
             private_basis,
             gpu_name: (recording.gpus.iter().flatten())
@@ -570,6 +604,11 @@ mod tests {
             ..shape(1, 1, 16.0, 3.6)
         };
         assert_eq!(w.estimate(&l4).unwrap().gpu_as_measured, Some(false));
+        // Whole words of NVML's name, case aside.
+        assert!(same_gpu("NVIDIA A100-SXM4-80GB", "a100"));
+        assert!(!same_gpu("NVIDIA A100-SXM4-80GB", "A10"));
+        assert!(!same_gpu("NVIDIA L40S", "L4"));
+        assert!(!same_gpu("NVIDIA L40S", " "));
         for plan in [&e.ladle, &e.private] {
             assert_eq!(plan.bound, "gpu");
             assert!((plan.samples_per_s - 400.0).abs() < 1e-9);
