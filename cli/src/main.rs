@@ -26,10 +26,21 @@ mod top;
 
 use clap::{Parser, Subcommand};
 
+/// What `--version` prints after the name: the version, the commit and the enabled features
+/// it was built from (`ladle-build-info`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LADLE_COMMIT"),
+    ", features: ",
+    env!("LADLE_FEATURES"),
+    ")"
+);
+
 /// ladle: decode and augment a dataset once, share it with every training process on the
 /// machine.
 #[derive(Debug, Parser)]
-#[command(name = "ladle", version, about, long_about = None, propagate_version = true)]
+#[command(name = "ladle", version = VERSION, about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

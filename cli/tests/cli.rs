@@ -254,3 +254,31 @@ fn bench_fanout_json_reports_both_modes_with_cpu_time_from_the_os() {
     assert!((speedup - shared / independent).abs() < 1e-6 * speedup);
     assert!(report["cpu_efficiency_gain"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn version_names_the_commit_and_features_it_was_built_from() {
+    let out = ladle(&["--version"]);
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    // Built from this checkout: the commit git names (or `unknown` outside git).
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        );
+    assert_eq!(
+        line,
+        format!(
+            "ladle {} (commit {head}, features: none)",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    // Every subcommand says the same.
+    let sub = ladle(&["sweep", "--version"]);
+    assert!(String::from_utf8_lossy(&sub.stdout).contains(&format!("(commit {head}, ")));
+}

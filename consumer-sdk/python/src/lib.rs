@@ -641,5 +641,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GroupIncomplete", py.get_type::<GroupIncomplete>())?;
     m.add("GroupBroken", py.get_type::<GroupBroken>())?;
     m.add("PROTOCOL_VERSION", ladle_consumer::PROTOCOL_VERSION)?;
+    // What the module was built from (`ladle-build-info`), for `python -m ladle --version`.
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add("COMMIT", env!("LADLE_COMMIT"))?;
+    m.add("FEATURES", env!("LADLE_FEATURES"))?;
     Ok(())
 }

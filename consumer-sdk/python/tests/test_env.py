@@ -87,3 +87,16 @@ def test_ladle_consume_without_any_socket_says_how_to_give_one(ladle_bin):
     assert done.returncode != 0
     assert done.stdout == ""
     assert "--socket" in done.stderr and "LADLE_SOCKET" in done.stderr, done.stderr
+
+
+def test_python_m_ladle_version_names_the_commit_and_features_it_was_built_from():
+    import sys
+
+    from ladle import _native
+
+    done = subprocess.run([sys.executable, "-m", "ladle", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ladle {_native.VERSION} (commit {_native.COMMIT}, features: {_native.FEATURES})"
+    assert _native.VERSION == ladle.__version__
+    # A commit (12 hex digits) when built from a checkout, else "unknown".
+    assert _native.COMMIT == "unknown" or (len(_native.COMMIT) == 12 and int(_native.COMMIT, 16) >= 0)

@@ -37,6 +37,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve a Python dataset (any object with __len__ and __getitem__ returning "
         "a dict of arrays) as a ladle feed: consumers read it zero-copy, each with its own batch size.",
     )
+    from . import _native
+
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"ladle {_native.VERSION} (commit {_native.COMMIT}, features: {_native.FEATURES})",
+        help="the version, git commit and enabled features this package was built from",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve module:factory's dataset until Ctrl-C or SIGTERM")
     serve.add_argument("dataset", metavar="module:factory", help="callable returning the dataset, or the dataset")

@@ -6,6 +6,12 @@ from typing import Any, Iterator, Literal, Sequence, TypedDict
 import torch
 
 PROTOCOL_VERSION: int
+VERSION: str
+"""The package's version."""
+COMMIT: str
+"""The git commit the native module was built from (``unknown`` outside a checkout)."""
+FEATURES: str
+"""Its enabled Cargo features, comma-separated, or ``none``."""
 
 class LadleError(Exception):
     """Base class of every error ladle raises (bad arguments raise ValueError)."""
