@@ -138,7 +138,7 @@ fn children_cpu() -> Duration {
 /// The `ladle` binary running this.
 fn ladle() -> anyhow::Result<Command> {
     Ok(Command::new(
-        std::env::current_exe().context("locating the ladle binary")?,
+        crate::self_exe().context("locating the ladle binary")?,
     ))
 }
 

@@ -164,7 +164,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
             }
             let argv: Vec<String> = std::env::args().collect();
             let script = ScriptSpec {
-                ladle: std::env::current_exe().context("finding the ladle binary")?,
+                ladle: crate::self_exe().context("finding the ladle binary")?,
                 sweep: sweep.clone(),
                 cwd,
                 nodes: args.slurm.nodes,

@@ -624,9 +624,22 @@ impl PyBatch {
 }
 
 /// The native module `ladle._native`.
+/// Runs the `ladle` command line in this process with `argv` (the program's name first), the
+/// interpreter's lock released, and returns its exit code: the package's `ladle` console
+/// script exits with it.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    let code = py.detach(|| ladle_cli::run(argv));
+    // `ExitCode` does not give its number back (before `exit_process`): find it.
+    (0..=u8::MAX)
+        .find(|&n| std::process::ExitCode::from(n) == code)
+        .unwrap_or(1)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_class::<PyConsumer>()?;
     m.add_class::<PyEpoch>()?;
     m.add_class::<PyBatch>()?;

@@ -6,6 +6,9 @@ from typing import Any, Iterator, Literal, Sequence, TypedDict
 import torch
 
 PROTOCOL_VERSION: int
+def cli_main(argv: list[str]) -> int:
+    """Run the ``ladle`` command line with ``argv`` in this process; returns its exit code."""
+
 VERSION: str
 """The package's version."""
 COMMIT: str

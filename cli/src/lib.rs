@@ -1,0 +1,181 @@
+//! # ladle: the command-line front of ladle
+//!
+//! In `docs/ARCHITECTURE.md`'s picture this is the `cli/` box: thin subcommands over the library
+//! crates and nothing else. Every subcommand's logic lives in a crate; this crate parses
+//! arguments, draws progress bars and prints reports. It is a library with one entry point,
+//! [`run`], so that the same code is the `ladle` binary (`src/main.rs`) and the `ladle` command
+//! of the Python package (its native module calls [`run`] behind a console script).
+
+mod baseline;
+mod bench;
+mod consume;
+mod cost;
+mod dataset;
+mod demo;
+mod embedded;
+mod fanout;
+mod observe;
+mod plot;
+mod progress;
+mod records;
+mod report;
+mod scheduler;
+mod serve;
+mod sim;
+mod slurm;
+mod sweep;
+mod top;
+
+use clap::{Parser, Subcommand};
+
+/// What `--version` prints after the name: the version, the commit and the enabled features
+/// it was built from (`ladle-build-info`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LADLE_COMMIT"),
+    ", features: ",
+    env!("LADLE_FEATURES"),
+    ")"
+);
+
+/// ladle: decode and augment a dataset once, share it with every training process on the
+/// machine.
+#[derive(Debug, Parser)]
+#[command(name = "ladle", version = VERSION, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate, check and describe datasets.
+    #[command(subcommand)]
+    Dataset(dataset::DatasetCommand),
+    /// Show what sharing buys: one producer feeding four consumers against four private
+    /// pipelines, on the embedded synthetic dataset (generated once, then cached).
+    Demo(demo::DemoArgs),
+    /// Decode and augment a dataset once into shared memory and serve it to consumers on a
+    /// Unix socket, until Ctrl-C or SIGTERM.
+    Serve(serve::ServeArgs),
+    /// Benchmarks: shared loading against private pipelines.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// A reference consumer: read epochs from a producer and check that each one holds every
+    /// sample exactly once.
+    Consume(consume::ConsumeArgs),
+    /// Replay a job trace on simulated GPUs and compare admission policies (makespan, job
+    /// completion time, utilisation, out-of-memory crashes, energy); `sim generate` writes a
+    /// CARMA-like trace.
+    Sim(sim::SimArgs),
+    /// Run the GPU admission scheduler: a daemon on a Unix socket that starts submitted jobs
+    /// on the GPUs (under MPS) when memory and compute headroom allow, until SIGTERM.
+    Scheduler(scheduler::SchedulerArgs),
+    /// Queue a job with the scheduler: `ladle submit --gpu-mem 6GiB -- python train.py`.
+    Submit(scheduler::SubmitArgs),
+    /// Show the scheduler's jobs and GPUs.
+    Queue(scheduler::QueueArgs),
+    /// Cancel a queued, held or running job.
+    Cancel(scheduler::CancelArgs),
+    /// Queue jobs the scheduler holds because a damaged journal line may concern them
+    /// (`ladle queue` shows them as held, with why).
+    Release(scheduler::ReleaseArgs),
+    /// Print a job's stdout and stderr (every attempt).
+    Logs(scheduler::LogsArgs),
+    /// Run a hyper-parameter sweep as consumers of one feed, each run admitted by the
+    /// scheduler: `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}'`; `--shard
+    /// K/N` runs a part of the grid, `--slurm --nodes N` the whole grid over a Slurm
+    /// allocation (one feed and one scheduler per node).
+    Sweep(Box<sweep::SweepArgs>),
+    /// Plot a recorded run: `ladle report DIR` writes PNGs and prints a summary; `ladle
+    /// report --merge DIR…` merges the reports of a sweep's nodes or shards.
+    Report(report::ReportArgs),
+    /// What a recorded sweep would cost on each cloud instance shape, with ladle and with
+    /// private pipelines, from its measured rates: `ladle cost REC --instances SHAPES.csv`.
+    Cost(cost::CostArgs),
+    /// Watch the scheduler's GPUs and jobs and every feed's consumers, live: `ladle top`.
+    Top(top::TopArgs),
+}
+
+/// The environment variable naming the command that runs this CLI again (set by a host that
+/// is not the `ladle` binary itself: the Python package's console script); else the running
+/// executable.
+pub const SELF_ENV: &str = "LADLE_EXE";
+
+/// The program that runs this CLI again: `$LADLE_EXE` when a host set it, else this executable.
+pub(crate) fn self_exe() -> std::io::Result<std::path::PathBuf> {
+    match std::env::var_os(SELF_ENV) {
+        Some(path) if !path.is_empty() => Ok(path.into()),
+        _ => std::env::current_exe(),
+    }
+}
+
+/// Runs the `ladle` command line: `args` as `std::env::args_os()` gives them (the program's
+/// name first). Returns the process's exit code; `--help`, `--version` and argument errors
+/// print and return as clap does.
+pub fn run<I, T>(args: I) -> std::process::ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A sweep on a terminal draws a live table: its scheduler's and feed's info lines would
+    // break it (they stay available with LADLE_LOG=info).
+    let default_filter = if matches!(cli.command, Command::Sweep(_)) && terminal {
+        "warn"
+    } else {
+        "warn,ladle_producer=info,ladle_scheduler=info"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LADLE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(terminal)
+        // A host (the Python package) may have set one already: keep it.
+        .try_init()
+        .ok();
+    let result = match cli.command {
+        Command::Dataset(cmd) => dataset::run(cmd),
+        Command::Demo(args) => demo::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Consume(args) => consume::run(args),
+        Command::Bench(cmd) => bench::run(cmd),
+        Command::Sim(args) => sim::run(args),
+        Command::Scheduler(args) => scheduler::run_daemon(args),
+        Command::Submit(args) => scheduler::submit(args),
+        Command::Queue(args) => scheduler::queue(args),
+        Command::Cancel(args) => scheduler::cancel(args),
+        Command::Release(args) => scheduler::release(args),
+        Command::Logs(args) => scheduler::logs(args),
+        Command::Report(args) => match report::run(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
+        Command::Cost(args) => match cost::run(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
+        Command::Sweep(args) => match sweep::run(*args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
+        Command::Top(args) => top::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,22 @@
+"""The ``ladle`` command of the Python package: the same command line as the ``ladle`` binary
+(``ladle serve``, ``ladle sweep``, ``ladle top``, ...), run inside the native module, so that one
+``pip install`` brings it with no Rust toolchain. ``python -m ladle`` is the Python producer
+(``python -m ladle serve module:factory``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+
+def main() -> None:
+    """Entry point of the ``ladle`` console script; never returns."""
+    from . import _native
+
+    # The CLI runs itself again (a Slurm batch script, benchmark workers): point it at this
+    # script, not at the Python interpreter that hosts it.
+    script = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else shutil.which("ladle")
+    if script and "LADLE_EXE" not in os.environ:
+        os.environ["LADLE_EXE"] = os.path.abspath(script)
+    sys.exit(_native.cli_main(["ladle", *sys.argv[1:]]))

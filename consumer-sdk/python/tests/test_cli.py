@@ -1,0 +1,61 @@
+"""The package's ``ladle`` console script: the ladle command line run inside the native module
+(no Rust toolchain, no separate binary). It generates a dataset, serves it, and a Python
+consumer reads two exact epochs from it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ladle
+from conftest import Producer
+from ladle import _native
+
+
+@pytest.fixture(scope="module")
+def console_script() -> Path:
+    # Installed beside this interpreter by pip (and by maturin develop).
+    found = shutil.which("ladle", path=os.path.dirname(sys.executable))
+    if found is None:
+        pytest.skip(f"no ladle console script beside {sys.executable}: install the package with pip")
+    return Path(found)
+
+
+def test_the_console_script_is_the_command_line_with_its_version(console_script):
+    done = subprocess.run([console_script, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ladle {_native.VERSION} (commit {_native.COMMIT}, features: {_native.FEATURES})"
+    # Argument errors keep clap's exit code and message.
+    bad = subprocess.run([console_script, "nonsense"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "unrecognized subcommand 'nonsense'" in bad.stderr
+
+
+def test_the_console_script_generates_and_serves_a_dataset_read_in_two_exact_epochs(
+    console_script, tmp_path
+):
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [console_script, "dataset", "generate", "--format", "cifar10", "--count", "60", "--out", data],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    producer = Producer(console_script, data, tmp_path / "feed.sock")
+    try:
+        consumer = ladle.Consumer(producer.socket, 16)
+        for epoch in range(2):
+            seen: list[int] = []
+            for batch in consumer:
+                seen.extend(np.asarray(batch.indices).tolist())
+            assert consumer.epoch == epoch
+            assert sorted(seen) == list(range(60))
+    finally:
+        producer.stop()
+    # SIGTERM ended it cleanly, as it does the binary.
+    assert producer.proc.returncode == 0, producer.log.read_text()
