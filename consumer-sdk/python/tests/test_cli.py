@@ -59,3 +59,21 @@ def test_the_console_script_generates_and_serves_a_dataset_read_in_two_exact_epo
         producer.stop()
     # SIGTERM ended it cleanly, as it does the binary.
     assert producer.proc.returncode == 0, producer.log.read_text()
+
+
+def test_a_batch_script_written_by_the_console_script_runs_the_console_script(console_script, tmp_path):
+    # The CLI runs itself again on each node: through this script (LADLE_EXE), not the
+    # Python interpreter that hosts it.
+    data = tmp_path / "data"
+    subprocess.run(
+        [console_script, "dataset", "generate", "--format", "cifar10", "--count", "8", "--out", data],
+        check=True, capture_output=True, timeout=120,
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LADLE_EXE"}
+    done = subprocess.run(
+        [console_script, "sweep", "--slurm", "--slurm-dry-run", "--nodes", "1", "--gpus-per-node", "1",
+         "--dataset", data, "--out", tmp_path / "sweep", "--", "true"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"LADLE={os.path.abspath(console_script)}\n" in done.stdout, done.stdout
