@@ -21,12 +21,13 @@ mod records;
 mod report;
 mod scheduler;
 mod serve;
+mod serve_python;
 mod sim;
 mod slurm;
 mod sweep;
 mod top;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// What `--version` prints after the name: the version, the commit and the enabled features
 /// it was built from (`ladle-build-info`).
@@ -119,8 +120,16 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
+    // The matches are kept: `ladle serve MODULE:FACTORY` tells the options given from defaults.
+    let parsed = Cli::command()
+        .try_get_matches_from(args)
+        .and_then(|matches| {
+            Cli::from_arg_matches(&matches)
+                .map_err(|e| e.format(&mut Cli::command()))
+                .map(|cli| (cli, matches))
+        });
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             let _ = e.print();
             return std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
@@ -147,7 +156,10 @@ where
     let result = match cli.command {
         Command::Dataset(cmd) => dataset::run(cmd),
         Command::Demo(args) => demo::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => match matches.subcommand_matches("serve") {
+            Some(given) => serve::run(args, given),
+            None => unreachable!("clap parsed a serve command without its matches"),
+        },
         Command::Consume(args) => consume::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Sim(args) => sim::run(args),

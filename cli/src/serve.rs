@@ -13,9 +13,18 @@ use ladle_producer::{Producer, ProducerConfig};
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    /// A Python dataset to serve instead of --dataset: `module:factory` names a module on the
+    /// path and a callable in it that returns the dataset (an object with __len__ and
+    /// __getitem__ returning a dict of arrays), or the dataset object itself. It is served by
+    /// the Python package's producer (`python -m ladle serve`, worker processes) in the Python
+    /// of $LADLE_PYTHON, else the one hosting this command (the package's `ladle`), else
+    /// `python3`. With it: --socket, --ring-mib, --seed, --threads (worker processes),
+    /// --keep-alive, --stall-timeout, --fail-on-bad-sample and --timeout.
+    #[arg(value_name = "MODULE:FACTORY", conflicts_with = "dataset")]
+    pub(crate) python: Option<String>,
     /// The control socket consumers connect to (created with mode 0600).
     #[arg(long)]
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// Register the feed under this name with the running scheduler (see --dir): jobs
     /// submitted with `ladle submit --feed NAME` get its socket in LADLE_SOCKET.
     #[arg(long)]
@@ -24,9 +33,13 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     scheduler: crate::scheduler::DirArg,
     #[command(flatten)]
-    feed: FeedOptions,
+    pub(crate) feed: FeedOptions,
     #[command(flatten)]
     observe: crate::observe::ObserveArgs,
+    /// With MODULE:FACTORY: a worker taking over S seconds on one sample is killed and
+    /// replaced, the sample made again by another (default: no limit).
+    #[arg(long, value_name = "S", requires = "python")]
+    pub(crate) timeout: Option<f64>,
 }
 
 /// What a feed serves and how: shared by `ladle serve` and `ladle sweep`.
@@ -39,16 +52,17 @@ pub(crate) struct FeedOptions {
     /// Shared memory for the sample ring, in MiB; the largest batch a consumer may ask for
     /// is half the samples it holds.
     #[arg(long, default_value_t = 256)]
-    ring_mib: u64,
+    pub(crate) ring_mib: u64,
     /// Side of the square output images, in pixels (with --transform, the spec's output size).
     #[arg(long, default_value_t = 224)]
     image_size: u32,
-    /// Decode threads (default: all cores).
+    /// Decode threads (default: all cores); for a Python dataset (`ladle serve
+    /// MODULE:FACTORY`), worker processes.
     #[arg(long)]
-    threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
     /// Seed of the epoch permutations and the augmentation.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Use the evaluation transform, `Resize(SIZE*256/224), CenterCrop(SIZE)`, instead of the
     /// default `RandomResizedCrop(SIZE), RandomHorizontalFlip()`.
     #[arg(long)]
@@ -64,18 +78,18 @@ pub(crate) struct FeedOptions {
     /// Stop at the first undecodable sample instead of delivering it as a zero image with
     /// label -1.
     #[arg(long)]
-    fail_on_bad_sample: bool,
+    pub(crate) fail_on_bad_sample: bool,
     /// Seconds a consumer may hold the feed back without taking a batch (paused, evaluating,
     /// stopped) before the feed goes on without it; it rejoins when it resumes and still
     /// gets every sample of its epoch exactly once.
     #[arg(long, value_name = "S", default_value_t = ladle_producer::DEFAULT_STALL_TIMEOUT.as_secs_f64())]
-    stall_timeout: f64,
+    pub(crate) stall_timeout: f64,
     /// Connections served at once; more are refused with a clear reason.
     #[arg(long, value_name = "N", default_value_t = ladle_producer::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// Stop once the last consumer has been gone this many seconds (after one joined).
     #[arg(long, value_name = "S")]
-    keep_alive: Option<f64>,
+    pub(crate) keep_alive: Option<f64>,
     /// How far ahead of its consumers the feed decodes, in samples beyond the furthest any
     /// of them has asked for: `auto` (four batches of the largest batch size, at least 16
     /// samples per decode thread), a number, or `ring` (as far as the ring allows, decoding
@@ -160,7 +174,16 @@ fn feed_label(args: &ServeArgs) -> String {
 /// How often a named feed registers again with the scheduler.
 const REREGISTER: std::time::Duration = std::time::Duration::from_secs(5);
 
-pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<()> {
+    if let Some(spec) = &args.python {
+        return crate::serve_python::exec(spec, &args, given);
+    }
+    args.feed.dataset().map_err(|_| {
+        anyhow::anyhow!(
+            "nothing to serve: give --dataset DIR (images: ImageFolder, CIFAR batches, \
+             WebDataset shards) or a Python dataset as MODULE:FACTORY"
+        )
+    })?;
     let (dataset, config) = args.feed.open(args.socket.clone())?;
     let producer_threads = config.threads;
     let transform = ladle_sweep::engine::transform_key(&config);

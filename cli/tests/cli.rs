@@ -282,3 +282,42 @@ fn version_names_the_commit_and_features_it_was_built_from() {
     let sub = ladle(&["sweep", "--version"]);
     assert!(String::from_utf8_lossy(&sub.stdout).contains(&format!("(commit {head}, ")));
 }
+
+#[test]
+fn serve_of_a_python_dataset_names_what_is_missing_and_the_options_it_does_not_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("feed.sock");
+    let socket = socket.to_str().unwrap();
+    let serve = |python: &str, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ladle"))
+            .args([&["serve", "mydata:make", "--socket", socket], extra].concat())
+            .env("LADLE_PYTHON", python)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // An option of the image pipeline: refused by name, before any Python runs.
+    let err = serve("/nonexistent/python", &["--transform", "CenterCrop(8)"]);
+    assert!(
+        err.contains("--transform applies to image datasets (--dataset)"),
+        "{err}"
+    );
+    // No such Python.
+    let err = serve("/nonexistent/python", &[]);
+    assert!(err.contains("cannot run /nonexistent/python"), "{err}");
+    assert!(err.contains("$LADLE_PYTHON"), "{err}");
+    // A program that runs but cannot import ladle (here: one that always fails).
+    let err = serve("false", &[]);
+    assert!(
+        err.contains("false cannot import the ladle package") && err.contains("pip install"),
+        "{err}"
+    );
+    // Both kinds of dataset at once, or neither.
+    assert!(
+        failing(&["serve", "m:f", "--dataset", "/d", "--socket", socket])
+            .contains("cannot be used with")
+    );
+    assert!(failing(&["serve", "--socket", socket]).contains("nothing to serve"));
+    assert!(!Path::new(socket).exists(), "a refused serve left a socket");
+}

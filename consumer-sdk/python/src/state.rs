@@ -71,8 +71,10 @@ pub(crate) fn group_spec(
         .map(|(_, arg, var)| format!("{arg}= (or ${var})"))
         .collect();
         return Err(PyValueError::new_err(format!(
-            "group {name:?}: {} neither given nor in the environment; pass {}, or start the \
-             ranks with torchrun, which sets {RANK_ENV} and {WORLD_SIZE_ENV}",
+            "group {name:?}: {} neither given nor in the environment; pass {} (in PyTorch \
+             Lightning, whose launcher sets no ${RANK_ENV}: rank=self.global_rank, \
+             world_size=self.trainer.world_size), or start the ranks with torchrun, which \
+             sets {RANK_ENV} and {WORLD_SIZE_ENV}",
             missing.join(" and "),
             if missing.len() == 1 { "it" } else { "them" },
         )));

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +79,38 @@ def test_a_batch_script_written_by_the_console_script_runs_the_console_script(co
     )
     assert done.returncode == 0, done.stderr
     assert f"LADLE={os.path.abspath(console_script)}\n" in done.stdout, done.stdout
+
+
+def test_ladle_serve_module_factory_serves_a_python_dataset_through_the_console_script(
+    console_script, tmp_path
+):
+    # One `serve` for both producers: `ladle serve module:factory` hands over to the Python
+    # producer in the console script's own interpreter, with `ladle serve`'s option names.
+    sock = tmp_path / "py.sock"
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "LADLE_PYTHON"}
+    env["PYTHONPATH"] = str(here) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(
+        [console_script, "serve", "pydatasets:make_waves", "--socket", sock, "--threads", "1",
+         "--ring-mib", "64", "--stall-timeout", "5"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "ladle serve module:factory never opened its socket"
+            time.sleep(0.05)
+        consumer = ladle.Consumer(sock, 50)
+        assert "wave: f32[16000]" in consumer.schema, consumer.schema
+        seen = [i for batch in consumer for i in np.asarray(batch.indices).tolist()]
+        assert sorted(seen) == list(range(200))
+        del consumer
+        # The process the console script started is now the Python producer (exec): SIGTERM
+        # reaches it and it ends cleanly.
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "1 workers" in err and "served" in err, err

@@ -401,7 +401,9 @@ def test_group_arguments_default_to_torchruns_variables_and_bad_ones_are_value_e
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ValueError, match=r"rank= \(or \$RANK\)") as raised:
         ladle.Consumer(producer.socket, 10, group="job")
-    assert "world_size=" not in str(raised.value)
+    assert "world_size= (or $WORLD_SIZE)" not in str(raised.value)
+    # Lightning's launcher sets WORLD_SIZE but no RANK: the message says what to pass there.
+    assert "rank=self.global_rank" in str(raised.value)
     monkeypatch.setenv("RANK", "zero")
     with pytest.raises(ValueError, match=r"\$RANK is 'zero'|\$RANK is \"zero\""):
         ladle.Consumer(producer.socket, 10, group="job")

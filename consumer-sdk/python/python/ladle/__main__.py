@@ -1,7 +1,9 @@
 """``python -m ladle serve module:factory --socket S``: serve a Python dataset from the shell.
 
 ``module:factory`` names a module on the path and a callable in it that returns the dataset
-(or the dataset object itself), e.g. ``mytrain.data:make_train_set``.
+(or the dataset object itself), e.g. ``mytrain.data:make_train_set``. ``ladle serve
+module:factory`` (the ``ladle`` command, binary or console script) comes here; the options are
+``ladle serve``'s where they mean the same (``--threads`` is the worker processes).
 """
 
 from __future__ import annotations
@@ -49,11 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve module:factory's dataset until Ctrl-C or SIGTERM")
     serve.add_argument("dataset", metavar="module:factory", help="callable returning the dataset, or the dataset")
     serve.add_argument("--socket", required=True, help="the feed's Unix socket (consumers join it)")
-    serve.add_argument("--workers", type=int, default=None, help="worker processes (default: the cores)")
+    serve.add_argument("--threads", "--workers", dest="workers", type=int, default=None,
+                       help="worker processes (default: the cores)")
     serve.add_argument("--ring-mib", type=int, default=256, help="shared memory for the ring (default 256)")
     serve.add_argument("--seed", type=int, default=0, help="seed of the permutations and of each sample's randomness")
     serve.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                        help="a sample that raises: deliver it as bad and count it (skip), or stop (raise)")
+    serve.add_argument("--fail-on-bad-sample", dest="on_error", action="store_const", const="raise",
+                       help="the same as --on-error raise (the name `ladle serve` uses)")
+    serve.add_argument("--stall-timeout", type=float, default=10.0, metavar="S",
+                       help="seconds a consumer may hold the feed back before it goes on without it "
+                            "(default 10)")
     serve.add_argument("--keep-alive", type=float, default=None, metavar="S",
                        help="stop once the last consumer has been gone S seconds")
     serve.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         ring_mib=args.ring_mib,
         seed=args.seed,
         on_error=args.on_error,
+        stall_timeout=args.stall_timeout,
         keep_alive=args.keep_alive,
         timeout=args.timeout,
         name=args.dataset,

@@ -1,0 +1,194 @@
+//! `ladle serve MODULE:FACTORY`: one `serve` for both producers. Image datasets (`--dataset`)
+//! are decoded here, in Rust; a Python dataset is served by the Python package's producer
+//! (`python -m ladle serve`, worker processes running the user's `__getitem__`), which this
+//! hands the process over to (`exec`: signals, exit status and output are the producer's).
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::parser::ValueSource;
+
+use crate::serve::ServeArgs;
+
+/// The environment variable naming the Python that serves a `MODULE:FACTORY` dataset; the
+/// package's console script sets it to its own interpreter.
+pub(crate) const PYTHON_ENV: &str = "LADLE_PYTHON";
+
+/// The `ladle serve` options a Python dataset takes (clap ids); the others are the image
+/// pipeline's, the scheduler's or the observers'.
+const PYTHON_OPTIONS: [&str; 9] = [
+    "python",
+    "socket",
+    "ring_mib",
+    "seed",
+    "threads",
+    "keep_alive",
+    "stall_timeout",
+    "fail_on_bad_sample",
+    "timeout",
+];
+
+/// Replaces this process with the Python producer serving `spec`; returns only on an error.
+pub(crate) fn exec(spec: &str, args: &ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<()> {
+    if let Some(flag) = image_only_flag(given) {
+        bail!(
+            "{flag} applies to image datasets (--dataset), not to a Python dataset \
+             ({spec}): its __getitem__ makes each sample as it is"
+        );
+    }
+    let python = python();
+    check_importable(&python, spec)?;
+    let error = Command::new(&python)
+        .args(["-m", "ladle", "serve"])
+        .args(python_argv(spec, args))
+        .exec();
+    Err(error).with_context(|| {
+        format!(
+            "cannot run {} to serve the Python dataset {spec}",
+            python.display()
+        )
+    })
+}
+
+/// The first option given on the command line that a Python dataset does not take, as its flag.
+fn image_only_flag(given: &clap::ArgMatches) -> Option<String> {
+    let command = <crate::Cli as clap::CommandFactory>::command();
+    let serve = command.find_subcommand("serve")?;
+    serve
+        .get_arguments()
+        .map(|arg| arg.get_id().as_str())
+        .filter(|id| !PYTHON_OPTIONS.contains(id))
+        .find(|id| {
+            matches!(
+                given.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| format!("--{}", id.replace('_', "-")))
+}
+
+/// `$LADLE_PYTHON`, else `python3` from `PATH`.
+fn python() -> PathBuf {
+    match std::env::var_os(PYTHON_ENV) {
+        Some(python) if !python.is_empty() => python.into(),
+        _ => "python3".into(),
+    }
+}
+
+/// Fails, saying what to install, unless `python` can import the ladle package.
+fn check_importable(python: &std::path::Path, spec: &str) -> anyhow::Result<()> {
+    let probe = Command::new(python)
+        .args(["-c", "import ladle._producer"])
+        .stdin(std::process::Stdio::null())
+        .output();
+    let why = match probe {
+        Ok(out) if out.status.success() => return Ok(()),
+        Ok(out) => format!(
+            "{} cannot import the ladle package ({})",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("it exited with an error")
+        ),
+        Err(e) => format!("cannot run {} ({e})", python.display()),
+    };
+    bail!(
+        "cannot serve the Python dataset {spec}: {why}. \
+         Install it in the environment your dataset lives in (`pip install ladle-*.whl`, or \
+         `pip install ./consumer-sdk/python` from the source tree), or point ${PYTHON_ENV} at \
+         that environment's python"
+    )
+}
+
+/// `python -m ladle serve`'s arguments for the options given to `ladle serve`.
+fn python_argv(spec: &str, args: &ServeArgs) -> Vec<OsString> {
+    let feed = &args.feed;
+    let mut argv: Vec<OsString> = vec![
+        spec.into(),
+        "--socket".into(),
+        args.socket.clone().into(),
+        "--ring-mib".into(),
+        feed.ring_mib.to_string().into(),
+        "--seed".into(),
+        feed.seed.to_string().into(),
+        "--stall-timeout".into(),
+        feed.stall_timeout.to_string().into(),
+    ];
+    let optional = [
+        ("--threads", feed.threads.map(|n| n.to_string())),
+        ("--keep-alive", feed.keep_alive.map(|s| s.to_string())),
+        ("--timeout", args.timeout.map(|s| s.to_string())),
+    ];
+    for (flag, value) in optional {
+        if let Some(value) = value {
+            argv.extend([flag.into(), value.into()]);
+        }
+    }
+    if feed.fail_on_bad_sample {
+        argv.push("--fail-on-bad-sample".into());
+    }
+    argv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn parse(argv: &[&str]) -> (ServeArgs, clap::ArgMatches) {
+        let matches = crate::Cli::command()
+            .try_get_matches_from(std::iter::once("ladle").chain(argv.iter().copied()))
+            .unwrap();
+        let crate::Command::Serve(args) = crate::Cli::from_arg_matches(&matches).unwrap().command
+        else {
+            panic!("not a serve command");
+        };
+        (args, matches.subcommand_matches("serve").unwrap().clone())
+    }
+
+    #[test]
+    fn the_options_a_python_dataset_takes_are_passed_on_and_the_others_named() {
+        let (args, given) = parse(&[
+            "serve",
+            "m:f",
+            "--socket",
+            "/s",
+            "--threads",
+            "3",
+            "--keep-alive",
+            "2.5",
+            "--timeout",
+            "9",
+            "--fail-on-bad-sample",
+        ]);
+        assert_eq!(image_only_flag(&given), None);
+        let argv: Vec<String> = python_argv("m:f", &args)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            argv.join(" "),
+            "m:f --socket /s --ring-mib 256 --seed 0 --stall-timeout 10 --threads 3 \
+             --keep-alive 2.5 --timeout 9 --fail-on-bad-sample"
+        );
+        for (flag, value) in [
+            ("--image-size", Some("64")),
+            ("--eval", None),
+            ("--pacing", Some("lockstep")),
+            ("--name", Some("feed")),
+            ("--record", Some("/r")),
+        ] {
+            let mut argv = vec!["serve", "m:f", "--socket", "/s", flag];
+            argv.extend(value);
+            let (_, given) = parse(&argv);
+            assert_eq!(image_only_flag(&given).as_deref(), Some(flag));
+        }
+        // Defaults are not "given".
+        let (_, given) = parse(&["serve", "m:f", "--socket", "/s"]);
+        assert_eq!(image_only_flag(&given), None);
+    }
+}
