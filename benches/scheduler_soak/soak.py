@@ -16,7 +16,8 @@ At the end it waits for every job to have run and asserts that each id ran exact
 (none lost, none run twice).
 
 Outputs in ``--out``: ``checkpoints.csv``, ``summary.json``, ``scheduler-N.log`` (the
-daemon's stderr, one per start). Usage, from the repository root::
+daemon's stderr, one per start) and ``plot.png`` when matplotlib is importable (otherwise
+``--plot-only DIR`` later, with a Python that has it). Usage, from the repository root::
 
     cargo build --release -p ladle
     python3 benches/scheduler_soak/soak.py --jobs 100000 --every 10000 --out /tmp/sched-soak
@@ -148,7 +149,53 @@ class Daemon:
                 self.proc.wait()
 
 
+def plot(out: Path) -> Path | None:
+    """Writes ``out/plot.png`` from ``checkpoints.csv`` (start-up time, RSS, journal size and
+    the ``queue`` answer's size against jobs submitted); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    with open(out / "checkpoints.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["submitted"] != "0"]
+    before = [r for r in rows if r["phase"] == "before kill -9"]
+    after = [r for r in rows if r["phase"] == "after restart"]
+    x_b = [int(r["submitted"]) / 1000 for r in before]
+    x_a = [int(r["submitted"]) / 1000 for r in after]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    panels = [
+        ("start-up after kill -9, s", [(x_a, [float(r["startup_s"]) for r in after], "after restart")]),
+        ("daemon RSS, MiB", [(x_b, [int(r["rss_kib"]) / 1024 for r in before], "before kill -9"),
+                             (x_a, [int(r["rss_kib"]) / 1024 for r in after], "after restart")]),
+        ("journal, KiB", [(x_b, [int(r["journal_bytes"]) / 1024 for r in before], "before kill -9"),
+                          (x_a, [int(r["journal_bytes"]) / 1024 for r in after], "after restart")]),
+        ("queue answer, KiB", [(x_b, [int(r["queue_answer_bytes"]) / 1024 for r in before], "before kill -9"),
+                               (x_a, [int(r["queue_answer_bytes"]) / 1024 for r in after], "after restart")]),
+    ]
+    for ax, (title, series) in zip(axes, panels):
+        for xs, ys, label in series:
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("jobs submitted (thousands)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    summary = json.loads((out / "summary.json").read_text())
+    fig.suptitle(f"ladle scheduler soak: {summary['jobs']} jobs, kill -9 every {summary['every']}, "
+                 f"{summary['lost_count']} lost, {summary['run_twice_count']} run twice")
+    fig.tight_layout()
+    fig.savefig(out / "plot.png", dpi=100)
+    return out / "plot.png"
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--plot-only"] and len(sys.argv) == 3:
+        made = plot(Path(sys.argv[2]))
+        print(made or "matplotlib is not importable here", file=sys.stderr)
+        return 0 if made else 2
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ladle", default="target/release/ladle")
     p.add_argument("--jobs", type=int, default=100_000)
@@ -258,6 +305,9 @@ def main() -> int:
               f"{r['rss_kib'] / 1024:>8.1f} {r['journal_bytes'] / 1024:>11.1f} "
               f"{r['journal_lines']:>6} "
               f"{(r['queue_answer_bytes'] / 1024 if r['queue_answer_bytes'] != '' else 0):>9.1f}")
+    made = plot(out)
+    print(f"plot: {made}" if made else "plot: matplotlib is not importable; run --plot-only "
+          f"{out} with a Python that has it")
     return 0 if not lost and not twice and not extra else 1
 
 

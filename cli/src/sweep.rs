@@ -141,6 +141,9 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
     if args.slurm.slurm || args.slurm.resume.is_some() {
         return crate::slurm::submit(args);
     }
+    if args.slurm.cancel_on_exit {
+        bail!("--cancel-on-exit cancels a Slurm job: it goes with --slurm or --resume DIR");
+    }
     let cwd = std::env::current_dir().context("current directory")?;
     let node = if args.slurm.slurm_node {
         if args.scheduler_dir.is_some() {

@@ -153,7 +153,9 @@ pub enum GpuRequest {
     PerNode(u32),
     /// `--gres=SPEC` as given (e.g. `gpu:a100:4`).
     Gres(String),
-    /// No GPU request (`--gpu sim` sweeps, or a site that gives nodes whole).
+    /// No GPU request: for `--gpu sim` sweeps, whose nodes simulate their own. A sweep on
+    /// real GPUs needs them granted (`--gpus-per-node`/`--gres`): its nodes use only what
+    /// Slurm gave them and refuse to start, naming the job, when it gave none.
     None,
 }
 
