@@ -45,6 +45,17 @@ struct Output<'a> {
 }
 
 pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
+    let nodes = crate::report::node_recordings(&args.recording);
+    if !nodes.is_empty() {
+        let names: Vec<&str> = nodes.iter().map(|(name, _)| name.as_str()).collect();
+        anyhow::bail!(
+            "{} holds one recording per node of a Slurm sweep ({}): each node is a machine, \
+             so price one node's workload, e.g. `ladle cost {}`",
+            args.recording.display(),
+            names.join(", "),
+            nodes[0].1.display()
+        );
+    }
     let text = std::fs::read_to_string(&args.instances)
         .with_context(|| format!("reading {}", args.instances.display()))?;
     let shapes =

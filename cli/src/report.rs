@@ -13,7 +13,8 @@ use crate::plot::recorded;
 
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// The recording's directory (what `--record DIR` wrote); with --merge, sweep
+    /// The recording's directory (what `--record DIR` wrote; for a `--slurm` sweep, the
+    /// folder of the nodes' recordings, each reported in turn); with --merge, sweep
     /// directories.
     #[arg(value_name = "DIR", required = true)]
     dirs: Vec<PathBuf>,
@@ -50,8 +51,49 @@ pub(crate) fn run(args: ReportArgs) -> anyhow::Result<std::process::ExitCode> {
     let [dir] = args.dirs.as_slice() else {
         anyhow::bail!("one recording at a time (or --merge for sweep directories)");
     };
+    let nodes = node_recordings(dir);
+    if nodes.is_empty() {
+        report(dir, args.out.as_deref().unwrap_or(dir))?;
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    // A Slurm sweep's `--record DIR`: one recording per node (its own feed, scheduler, GPUs
+    // and clock), each reported in its own folder.
+    for (name, node) in &nodes {
+        println!("# {name}\n");
+        let out = args
+            .out
+            .as_ref()
+            .map_or_else(|| node.clone(), |o| o.join(name));
+        report(node, &out)?;
+        println!();
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The per-node recordings (`node-NAME[.K]/meta.json`) of a multi-node sweep's recording
+/// directory, by name; empty when `dir` is itself a recording.
+pub(crate) fn node_recordings(dir: &Path) -> Vec<(String, PathBuf)> {
+    if dir.join(ladle_observe::record::META).exists() {
+        return Vec::new();
+    }
+    let mut nodes: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            (name.starts_with("node-") && path.join(ladle_observe::record::META).exists())
+                .then_some((name, path))
+        })
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// Plots one recording `dir` into `out` and prints its summary.
+fn report(dir: &Path, out: &Path) -> anyhow::Result<()> {
     let recording = Recording::read(dir)?;
-    let out = args.out.as_ref().unwrap_or(dir);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for (file, draw) in CHARTS {
         let path = out.join(file);
@@ -65,5 +107,5 @@ pub(crate) fn run(args: ReportArgs) -> anyhow::Result<std::process::ExitCode> {
     std::fs::write(&path, &summary).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("ladle report: wrote {}", path.display());
     print!("{summary}");
-    Ok(std::process::ExitCode::SUCCESS)
+    Ok(())
 }

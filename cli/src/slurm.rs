@@ -33,7 +33,12 @@ pub(crate) struct SlurmArgs {
     gres: Option<String>,
     /// One more sbatch option, as is (repeatable): `--slurm-arg=--partition=gpu
     /// --slurm-arg=--time=2:00:00`; account, qos, `--requeue`, …
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true, requires = "slurm")]
+    #[arg(
+        long,
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        requires = "slurm"
+    )]
     slurm_arg: Vec<String>,
     /// Print the batch script (also written into the sweep directory) and exit: edit it and
     /// submit it with sbatch yourself if you like.
@@ -368,17 +373,28 @@ mod tests {
     #[test]
     fn a_node_of_a_sim_sweep_needs_no_gpu_from_slurm_and_a_real_one_does() {
         let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
         };
         let in_job = env(&[("SLURM_JOB_ID", "7")]);
         let mut config = ladle_scheduler::daemon::DaemonConfig::new("/d".into());
         allocate_gpus_from(true, &mut config, in_job).unwrap();
-        assert_eq!(config.allocated, None, "simulated: the node's own --sim-gpus");
+        assert_eq!(
+            config.allocated, None,
+            "simulated: the node's own --sim-gpus"
+        );
         let err = allocate_gpus_from(false, &mut config, in_job).unwrap_err();
         assert!(format!("{err:#}").contains("7"), "{err:#}");
         let granted = env(&[("SLURM_JOB_ID", "7"), ("SLURM_JOB_GPUS", "0,1")]);
         allocate_gpus_from(true, &mut config, granted).unwrap();
-        assert_eq!(config.allocated.map(|g| g.len()), Some(2), "a grant is kept, sim or not");
+        assert_eq!(
+            config.allocated.map(|g| g.len()),
+            Some(2),
+            "a grant is kept, sim or not"
+        );
     }
 
     fn strings(v: &[&str]) -> Vec<String> {

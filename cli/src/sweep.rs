@@ -209,6 +209,17 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             Err(_) => SchedulerChoice::Private(Box::new(daemon)),
         },
     };
+    let mut args = args;
+    if let (Some(node), Some(record)) = (&node, &args.observe.record) {
+        // Each node records on its own (its feed, scheduler, GPUs and clock).
+        let mine = slurm::node_record_dir(record, &node.node);
+        eprintln!(
+            "ladle sweep [{}]: recording into {}",
+            node.node,
+            mine.display()
+        );
+        args.observe.record = Some(mine);
+    }
     let done = match &node {
         Some(_) => ladle_sweep::ledger::succeeded(std::slice::from_ref(&base)),
         None => Default::default(),

@@ -36,6 +36,21 @@ pub fn node_dir(sweep: &Path, node: &str) -> PathBuf {
     sweep.join(format!("node-{node}"))
 }
 
+/// Where a node of a Slurm sweep records (`--record DIR`): its own recording,
+/// `DIR/node-NODE`, since each node has its own feed, scheduler, GPUs and clock; a requeued
+/// or resumed job's node records beside the earlier one, in `DIR/node-NODE.2`, `.3`, ...
+pub fn node_record_dir(record: &Path, node: &str) -> PathBuf {
+    let first = node_dir(record, node);
+    let taken = |dir: &Path| dir.join(ladle_observe::record::META).exists();
+    if !taken(&first) {
+        return first;
+    }
+    (2u32..)
+        .map(|k| record.join(format!("node-{node}.{k}")))
+        .find(|dir| !taken(dir))
+        .unwrap_or(first)
+}
+
 /// What a node's sweep reads from Slurm's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeEnv {
@@ -442,6 +457,29 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_node_records_in_its_own_folder_and_a_requeued_one_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = node_record_dir(dir.path(), "n1");
+        assert_eq!(first, dir.path().join("node-n1"));
+        assert_eq!(
+            node_record_dir(dir.path(), "n2"),
+            dir.path().join("node-n2")
+        );
+        std::fs::create_dir_all(&first).unwrap();
+        // A folder without a recording in it (the node failed before recording) is reused.
+        assert_eq!(node_record_dir(dir.path(), "n1"), first);
+        std::fs::write(first.join(ladle_observe::record::META), "{}").unwrap();
+        let second = node_record_dir(dir.path(), "n1");
+        assert_eq!(second, dir.path().join("node-n1.2"));
+        std::fs::create_dir_all(&second).unwrap();
+        std::fs::write(second.join(ladle_observe::record::META), "{}").unwrap();
+        assert_eq!(
+            node_record_dir(dir.path(), "n1"),
+            dir.path().join("node-n1.3")
+        );
+    }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| {

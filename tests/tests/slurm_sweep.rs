@@ -118,12 +118,15 @@ fn a_six_run_grid_over_two_nodes_runs_each_run_once_on_one_feed_per_node() {
     let mut fx = Fixture::new();
     let data = fx.dataset(120, 48, 40);
     let out = cluster.submit_dir().join("six");
+    let record = cluster.submit_dir().join("six-rec");
     let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
     let mut args = sweep_args(data_s, out_s);
     args.extend([
         // Ignored under Slurm: a node simulates as many GPUs as Slurm gave it (2).
         "--sim-gpus",
         "4",
+        "--record",
+        record.to_str().unwrap(),
         "--json",
         "--",
         "sh",
@@ -197,6 +200,45 @@ fn a_six_run_grid_over_two_nodes_runs_each_run_once_on_one_feed_per_node() {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(runs(&written).len(), 6);
     assert!(out.join("sweep.sbatch").exists());
+    // The submitting side showed each node's lines, and each run's start on its node.
+    for node in ["n1", "n2"] {
+        assert!(
+            done.stderr
+                .contains(&format!("ladle sweep [{node}]: recording into")),
+            "{}",
+            done.stderr
+        );
+    }
+    for (k, run) in all.iter().enumerate() {
+        let node = run["node"].as_str().unwrap();
+        let line = format!("ladle sweep [{node}]: run-{k:02}");
+        assert!(
+            done.stderr.contains(&line),
+            "no {line:?} in\n{}",
+            done.stderr
+        );
+    }
+    // `--record`: one recording per node, which `ladle report` reports in turn.
+    for node in ["n1", "n2"] {
+        let mine = record.join(format!("node-{node}"));
+        assert!(mine.join("meta.json").exists(), "{}", mine.display());
+        // The node's own report, beside its series: its three runs.
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(mine.join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(runs(&report).len(), 3, "{node}: {report}");
+    }
+    let reported = finish(
+        Command::new(ladle_bin()).args(["report", record.to_str().unwrap()]),
+        "ladle report",
+    );
+    assert!(reported.status.success(), "{}", reported.stderr);
+    assert!(
+        reported.stdout.contains("# node-n1") && reported.stdout.contains("# node-n2"),
+        "{}",
+        reported.stdout
+    );
+    assert!(record.join("node-n2").join("summary.md").exists());
     assert_nothing_left(cluster);
 }
 
@@ -269,9 +311,16 @@ fn a_job_asking_for_more_nodes_than_exist_is_an_error_with_slurms_reason() {
 
 /// Starts an endless Slurm sweep in the background (runs that read until killed) and waits
 /// until all four of its runs are running; returns the sweep and its job id.
-fn start_endless(cluster: &Cluster, data: &Path, out: &Path, runs: &str) -> (Proc, u32) {
+fn start_endless(
+    cluster: &Cluster,
+    data: &Path,
+    out: &Path,
+    runs: &str,
+    extra: &[&str],
+) -> (Proc, u32) {
     let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
     let mut args = sweep_args(data_s, out_s);
+    args.extend(extra);
     args.extend([
         "--",
         ladle_bin().to_str().unwrap(),
@@ -283,10 +332,19 @@ fn start_endless(cluster: &Cluster, data: &Path, out: &Path, runs: &str) -> (Pro
         "--step-ms",
         "50",
     ]);
+    // A job cancelled just before may still be listed: this sweep's job is a new one.
+    let earlier: Vec<u32> = cluster.active_jobs().unwrap().iter().map(|j| j.0).collect();
     let sweep = Proc::spawn("ladle sweep --slurm (endless)", ladle(cluster).args(&args)).unwrap();
     let mut job = None;
     wait_until("the job's runs running", Duration::from_secs(120), || {
-        job = job.or_else(|| cluster.active_jobs().unwrap().first().map(|j| j.0));
+        job = job.or_else(|| {
+            cluster
+                .active_jobs()
+                .unwrap()
+                .iter()
+                .map(|j| j.0)
+                .find(|id| !earlier.contains(id))
+        });
         let consumers = cluster
             .job_processes()
             .iter()
@@ -306,7 +364,7 @@ fn scancel_mid_sweep_stops_every_ladle_process_on_every_node() {
     let mut fx = Fixture::new();
     let data = fx.dataset(60, 32, 32);
     let out = cluster.submit_dir().join("cancel");
-    let (mut sweep, job) = start_endless(cluster, &data, &out, "{4,8,16,32}");
+    let (mut sweep, job) = start_endless(cluster, &data, &out, "{4,8,16,32}", &[]);
     cluster
         .run("scancel", &[&job.to_string()], Duration::from_secs(30))
         .unwrap();
@@ -314,6 +372,59 @@ fn scancel_mid_sweep_stops_every_ladle_process_on_every_node() {
     let done = sweep.output().unwrap();
     assert!(!done.status.success(), "a cancelled sweep reports failure");
     assert!(done.stderr.contains("CANCELLED"), "{}", done.stderr);
+    assert_nothing_left(cluster);
+}
+
+#[test]
+fn ctrl_c_on_the_submitting_side_leaves_the_job_running_or_with_cancel_on_exit_cancels_it() {
+    let Some(cluster) = Cluster::shared() else {
+        return;
+    };
+    let _serial = cluster.lock();
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 32, 32);
+    let interrupt = |sweep: &mut Proc| {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(sweep.pid() as i32).unwrap(),
+            rustix::process::Signal::INT,
+        )
+        .unwrap();
+        sweep.wait_timeout(GUARD).unwrap();
+        sweep.output().unwrap()
+    };
+    // No terminal to ask on and no --cancel-on-exit: the submitter stops following and says
+    // how to cancel; the job goes on.
+    let out = cluster.submit_dir().join("ctrl-c");
+    let (mut sweep, job) = start_endless(cluster, &data, &out, "{4,8,16,32}", &[]);
+    let done = interrupt(&mut sweep);
+    assert!(!done.status.success());
+    assert!(
+        done.stderr.contains("not a terminal, so not cancelling")
+            && done.stderr.contains(&format!("`scancel {job}` cancels it")),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        cluster.active_jobs().unwrap().iter().any(|j| j.0 == job),
+        "job {job} should still be running"
+    );
+    cluster
+        .run("scancel", &[&job.to_string()], Duration::from_secs(30))
+        .unwrap();
+    assert_nothing_left(cluster);
+    // With --cancel-on-exit: Ctrl-C cancels the job, follows it to its end, and nothing of
+    // ladle is left on either node.
+    let out = cluster.submit_dir().join("ctrl-c-cancel");
+    let (mut sweep, job) =
+        start_endless(cluster, &data, &out, "{4,8,16,32}", &["--cancel-on-exit"]);
+    let done = interrupt(&mut sweep);
+    assert!(!done.status.success(), "a cancelled sweep reports failure");
+    assert!(
+        done.stderr.contains(&format!("cancelled job {job}")) && done.stderr.contains("CANCELLED"),
+        "{}",
+        done.stderr
+    );
+    assert!(!cluster.active_jobs().unwrap().iter().any(|j| j.0 == job));
     assert_nothing_left(cluster);
 }
 
