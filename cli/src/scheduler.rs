@@ -377,6 +377,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         gpus,
         totals,
         omitted,
+        admission_rounds,
     } = response
     else {
         bail!("unexpected answer: {response:?}");
@@ -403,6 +404,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             gpus,
             totals,
             omitted,
+            admission_rounds,
         };
         crate::records::print_line(&serde_json::to_string(&answer)?)?;
         return Ok(());

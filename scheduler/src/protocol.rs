@@ -9,8 +9,8 @@
 //! [`RequestError::GpuMemoryOutOfRange`], so no absurd size reaches admission's arithmetic.
 //!
 //! ```text
-//! → {"v":3,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
-//! ← {"v":3,"status":"submitted","id":7,"estimate_mib":6144}
+//! → {"v":4,"op":"submit","command":["python","train.py"],"cwd":"/home/me","gpu_mem_mib":6144,"gpus":1,"feed":null,"thread_percentage":null}
+//! ← {"v":4,"status":"submitted","id":7,"estimate_mib":6144}
 //! ```
 //!
 //! **Every answer fits in a frame, by design.** No answer lists what only grows: `Queue` is
@@ -18,8 +18,9 @@
 //! GPU, and [`JobTotals`] over every job, with the count of jobs it leaves out); the rest is
 //! read a page at a time with [`Request::Jobs`] (by id, by feed, or all), each page as many
 //! jobs as fit. `Logs`, `Feeds` and `Error` answers are cut to fit the same way, and say
-//! what they left out. Version 2 (this one) brought the bounded answers; a version-1
-//! client is refused with an error naming both versions.
+//! what they left out. Version 2 brought the bounded answers, 3 each job's CPU seconds,
+//! 4 (this one) the count of admission rounds in `Queue`; a client of another version is
+//! refused with an error naming both versions.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -34,7 +35,7 @@ use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Longest request or response line, bytes.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -339,6 +340,11 @@ pub enum Response {
         /// queued ones only when more than fit): [`Request::Jobs`] pages through them.
         #[serde(default)]
         omitted: u64,
+        /// Admission rounds run with jobs queued since the daemon started: a queued job
+        /// was considered (and left queued) in each one since it was submitted. A client
+        /// can wait for rounds to pass rather than for a time.
+        #[serde(default)]
+        admission_rounds: u64,
     },
     /// A page of the jobs a [`JobQuery`] asks for, by id ascending, as many as fit.
     Jobs {

@@ -91,4 +91,76 @@ fn a_daemon_out_of_file_descriptors_backs_off_and_serves_again_once_some_are_fre
         daemon.served(&Request::Queue),
         Response::Queue { .. }
     ));
+    // Now exactly that state: the process at its limit (descriptors of /dev/null) and one
+    // connection queued that the daemon cannot accept, every try failing with EMFILE. It must
+    // back off, not spin: a spinning accept loop burns a core.
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(open + 40),
+            maximum: limit.maximum,
+        },
+    )
+    .unwrap();
+    // Opened now: at the limit nothing more can be opened.
+    let mut stat = std::fs::File::open("/proc/self/stat").unwrap();
+    let mut fillers = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) => fillers.push(file),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    fillers.pop(); // the one free descriptor: the client's socket takes it
+    // (The daemon's own tick may hold it for a moment: look again until it is ours.)
+    let deadline = Instant::now() + GUARD;
+    let mut pending = loop {
+        match UnixStream::connect(daemon.socket()) {
+            Ok(conn) => break conn,
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the freed descriptor never came back"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let before = cpu_seconds(&mut stat);
+    // The window measured: the behaviour under test, not a wait for something to happen.
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_seconds(&mut stat) - before;
+    drop(fillers);
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit).unwrap();
+    assert!(
+        used < 0.5,
+        "{used:.2} CPU-s in 2 s with a connection it could not accept: the accept loop spins"
+    );
+    // Once descriptors are back, the queued connection is served.
+    let mut frame = Vec::new();
+    ladle_scheduler::protocol::write_frame(&mut frame, &Request::Queue, std::path::Path::new("x"))
+        .unwrap();
+    pending.set_read_timeout(Some(GUARD)).unwrap();
+    std::io::Write::write_all(&mut pending, &frame).unwrap();
+    assert!(matches!(answer_on(&mut pending), Response::Queue { .. }));
+}
+
+/// CPU seconds this process has used (user + system), read again from the open
+/// `/proc/self/stat`.
+fn cpu_seconds(file: &mut std::fs::File) -> f64 {
+    use std::io::{Read, Seek};
+    file.seek(std::io::SeekFrom::Start(0)).unwrap();
+    let mut stat = String::new();
+    file.read_to_string(&mut stat).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
 }

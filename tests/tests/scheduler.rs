@@ -783,13 +783,29 @@ fn a_gpu_in_exclusive_process_mode_without_mps_runs_one_job_at_a_time() {
     let first = s.submit(&["--gpu-mem", "1GiB"], &hold);
     s.wait_for(first, &["running"]);
     let second = s.submit(&["--gpu-mem", "1GiB"], "true");
-    // Twenty admission rounds at the tests' 100 ms tick: a 1 GiB job would have joined a
-    // GPU in the default mode long before. Kept as a fixed wait: what is tested is that
-    // nothing happens, and the daemon reports no count of admission rounds (nor why a job
-    // waits) that the test could wait for instead; only one GPU, so no later job can start
-    // as a witness either.
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(s.job(second)["state"], "queued");
+    // Twenty admission rounds with the second job queued: in the default mode a 1 GiB job
+    // joins a GPU in the first round whose sample is fresh. The daemon counts its rounds,
+    // so the test waits for them, not for a time.
+    let after_submit = s.queue()["admission_rounds"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + GUARD;
+    loop {
+        let q = s.queue();
+        let job = q["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == second)
+            .unwrap();
+        assert_eq!(job["state"], "queued", "{q}");
+        if q["admission_rounds"].as_u64().unwrap() >= after_submit + 20 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no admission rounds: {q}"
+        );
+        std::thread::sleep(Duration::from_millis(50)); // the poll interval
+    }
     std::fs::write(&release, "").unwrap();
     s.wait_for(second, &["succeeded"]);
 }

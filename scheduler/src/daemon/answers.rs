@@ -237,6 +237,7 @@ impl Daemon {
             gpus: self.gpu_views(),
             totals: self.totals(),
             omitted: u64::MAX,
+            admission_rounds: u64::MAX,
         };
         let mut room = Room::after(&answer);
         let all = self.jobs.jobs.values();
@@ -257,8 +258,15 @@ impl Daemon {
             listed.push(view);
         }
         listed.sort_by_key(|j| j.id);
-        if let Response::Queue { jobs, omitted, .. } = &mut answer {
+        if let Response::Queue {
+            jobs,
+            omitted,
+            admission_rounds,
+            ..
+        } = &mut answer
+        {
             *omitted = (self.jobs.jobs.len() - listed.len()) as u64;
+            *admission_rounds = self.admission_rounds;
             *jobs = listed;
         }
         answer

@@ -556,3 +556,52 @@ mod tests {
         assert_eq!(jobs, Jobs::fold(true, history()));
     }
 }
+
+#[cfg(test)]
+mod prune_tests {
+    use super::*;
+
+    /// Sets `dir`'s modification time `age` ago.
+    fn age(dir: &Path, age: Duration) {
+        let when = SystemTime::now() - age;
+        std::fs::File::open(dir)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+    }
+
+    #[test]
+    fn files_older_than_keep_logs_for_go_whatever_keep_logs_says_except_live_and_unknown_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        for id in 1..=7 {
+            std::fs::create_dir(dir.path().join(id.to_string())).unwrap();
+            std::fs::write(dir.path().join(id.to_string()).join("log"), "x").unwrap();
+        }
+        let day = Duration::from_secs(24 * 3600);
+        // 1, 2 and 4 ended 40 days ago; 4 is running again (live); 7 is an id this daemon
+        // has not handed out (next_id 7); 3, 5, 6 are recent.
+        for id in [1, 2, 4, 7] {
+            age(&dir.path().join(id.to_string()), 40 * day);
+        }
+        let retention = Retention {
+            keep_logs: 100,
+            keep_logs_for: Some(30 * day),
+            ..Retention::default()
+        };
+        let live: BTreeSet<JobId> = [4].into();
+        assert_eq!(prune_dir(dir.path(), &live, 7, &retention), 2);
+        let left: BTreeSet<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["3", "4", "5", "6", "7"].map(String::from).into());
+        // No age limit: only the count; the newest 2 finished of 3, 5, 6 are kept.
+        let retention = Retention {
+            keep_logs: 2,
+            keep_logs_for: None,
+            ..Retention::default()
+        };
+        assert_eq!(prune_dir(dir.path(), &live, 7, &retention), 1);
+        assert!(!dir.path().join("3").exists() && dir.path().join("5").exists());
+    }
+}

@@ -176,6 +176,8 @@ struct Daemon {
     simulated: bool,
     locked_until: Vec<f64>,
     engine: Admission,
+    /// Admission rounds run with jobs queued (`Queue`'s `admission_rounds`).
+    admission_rounds: u64,
     /// Where each attempt's claim, status and log files are.
     files: JobFiles,
     default_estimate_mib: u64,
@@ -406,6 +408,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         gpus,
         telemetry,
         engine: Admission::new(config.policy.clone()),
+        admission_rounds: 0,
         files: JobFiles::new(dir.clone(), config.log_dir.clone()),
         default_estimate_mib: config.default_estimate_mib,
         max_oom_retries: config.max_oom_retries,

@@ -282,6 +282,7 @@ impl Daemon {
         if self.jobs.queue.is_empty() {
             return;
         }
+        self.admission_rounds += 1;
         let now = self.now();
         let mut states = self.gpu_states();
         // Data-aware: feeds' decode threads and jobs that decode for themselves share the
