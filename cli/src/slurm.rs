@@ -2,15 +2,15 @@
 //! it, follows the job (its output file's lines, per node and per run) and prints the merged
 //! report when it ends; `--resume DIR` submits only the runs that did not succeed.
 
-use std::io::{BufRead, Read, Seek, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use ladle_sweep::ledger;
 use ladle_sweep::slurm::{self, GpuRequest, Manifest, ScriptSpec};
+use ladle_sweep::submit;
 
 use crate::sweep::SweepArgs;
 
@@ -133,13 +133,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
                 .canonicalize()
                 .with_context(|| format!("--resume {}", dir.display()))?;
             let mut manifest = Manifest::read(&sweep)?;
-            let done = ledger::succeeded(std::slice::from_ref(&sweep));
-            let left: Vec<String> = manifest
-                .runs
-                .iter()
-                .filter(|r| !done.contains(&r.name))
-                .map(|r| r.name.clone())
-                .collect();
+            let left = manifest.resume(&sweep);
             if left.is_empty() {
                 eprintln!(
                     "ladle sweep: every run of {} has succeeded: nothing to resume",
@@ -153,7 +147,6 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
                 manifest.runs.len(),
                 left.join(" ")
             );
-            manifest.script.only = left;
             (sweep, manifest)
         }
         None => {
@@ -164,12 +157,10 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
             let runs = crate::sweep::all_runs(&args)?;
             let runs = ladle_sweep::grid::select(runs, &args.only)?;
             let cwd = std::env::current_dir().context("current directory")?;
-            let out = args.out.clone().unwrap_or_else(|| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                cwd.join(format!("ladle-sweep-{now}"))
-            });
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| ladle_sweep::ledger::default_out(&cwd));
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             let sweep = out.canonicalize().unwrap_or(out);
             let gpus = match (args.slurm.gpus_per_node, &args.slurm.gres) {
@@ -202,14 +193,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
             )
         }
     };
-    let text = slurm::script(&manifest.script);
-    let script_path = sweep.join(match manifest.jobs.len() {
-        0 => slurm::SCRIPT.to_owned(),
-        n => format!("resume-{n}.sbatch"),
-    });
-    std::fs::write(&script_path, &text)
-        .with_context(|| format!("writing {}", script_path.display()))?;
-    manifest.write(&sweep)?;
+    let (script_path, text) = submit::write_script(&manifest)?;
     if args.slurm.slurm_dry_run {
         print!("{text}");
         eprintln!(
@@ -220,14 +204,9 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
         return Ok(std::process::ExitCode::SUCCESS);
     }
     let submitted = Instant::now();
-    let id = slurm::submit(&script_path, &[])?;
     let mut manifest = manifest;
-    manifest.jobs.push(id.clone());
-    manifest.write(&sweep)?;
-    let count = match manifest.script.only.len() {
-        0 => manifest.runs.len(),
-        only => only,
-    };
+    let id = submit::submit(&mut manifest, &script_path)?;
+    let count = manifest.runs_to_submit();
     eprintln!(
         "ladle sweep: submitted Slurm job {id} ({count} runs on {} nodes); cancel it with `scancel {id}`",
         manifest.script.nodes
@@ -245,13 +224,12 @@ fn follow(
     flags: &ladle_sweep::engine::StopFlags,
     submitted: Instant,
 ) -> anyhow::Result<()> {
-    let output = sweep.join(format!("slurm-{id}.out"));
-    let mut offset = 0u64;
+    let mut output = submit::Tail::new(sweep.join(format!("slurm-{id}.out")));
     let mut last_state = String::new();
     let mut cancelled: Option<Instant> = None;
     loop {
         let view = slurm::job_view(id)?;
-        offset = print_new_lines(&output, offset);
+        eprint!("{}", output.new_lines());
         let Some(view) = view else {
             eprintln!("ladle sweep: Slurm no longer knows job {id}");
             return Ok(());
@@ -275,7 +253,7 @@ fn follow(
             last_state.clone_from(&view.state);
         }
         if view.ended() {
-            print_new_lines(&output, offset);
+            eprint!("{}", output.new_lines());
             return Ok(());
         }
         if flags.stop.load(Ordering::SeqCst) && cancelled.is_none() {
@@ -313,25 +291,6 @@ fn ask(question: &str) -> bool {
     matches!(answer.trim(), "y" | "Y" | "yes")
 }
 
-/// Prints the whole lines of `path` past `offset` on stderr; returns the new offset.
-fn print_new_lines(path: &Path, offset: u64) -> u64 {
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return offset;
-    };
-    if file.seek(std::io::SeekFrom::Start(offset)).is_err() {
-        return offset;
-    }
-    let mut text = String::new();
-    if file.read_to_string(&mut text).is_err() {
-        return offset;
-    }
-    let Some(end) = text.rfind('\n') else {
-        return offset;
-    };
-    eprint!("{}", &text[..=end]);
-    offset + end as u64 + 1
-}
-
 /// Merges the sweep directory's nodes, writes its report and prints it.
 fn finish(sweep: &Path, json: bool) -> anyhow::Result<std::process::ExitCode> {
     merge(std::slice::from_ref(&sweep.to_owned()), json).with_context(|| {
@@ -346,19 +305,8 @@ fn finish(sweep: &Path, json: bool) -> anyhow::Result<std::process::ExitCode> {
 /// `--out` of shards run by hand) into one report, written as DIR/report.json when one
 /// directory is given.
 pub(crate) fn merge(dirs: &[PathBuf], json: bool) -> anyhow::Result<std::process::ExitCode> {
-    let manifest = match dirs {
-        [one] if one.join(slurm::MANIFEST).exists() => Some(Manifest::read(one)?),
-        _ => None,
-    };
-    let nodes = ledger::node_dirs(dirs)?;
-    let report = ledger::merge(&nodes, manifest.as_ref().map(|m| m.runs.as_slice()));
-    if let [one] = dirs
-        && manifest.is_some()
-    {
-        ledger::write_report(&one.join(ledger::REPORT), &report);
-    }
+    let (report, ok) = submit::merge_dirs(dirs)?;
     crate::sweep::print_report(&report, json)?;
-    let ok = report.runs.iter().all(|r| r.exit_code == Some(0));
     Ok(if ok {
         std::process::ExitCode::SUCCESS
     } else {

@@ -166,15 +166,10 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         (None, shard) => shard.unwrap_or(Shard::WHOLE),
     };
     let runs = planned(&args, shard)?;
-    let base = match &args.out {
-        Some(out) => out.clone(),
-        None => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            cwd.join(format!("ladle-sweep-{now}"))
-        }
-    };
+    let base = args
+        .out
+        .clone()
+        .unwrap_or_else(|| ladle_sweep::ledger::default_out(&cwd));
     let (out, state) = match &node {
         Some(node) => (
             slurm::node_dir(&base, &node.node),

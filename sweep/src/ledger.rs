@@ -102,6 +102,14 @@ impl Ledger {
     }
 }
 
+/// A sweep's directory when `--out` is not given: `CWD/ladle-sweep-UNIXSECONDS`.
+pub fn default_out(cwd: &Path) -> PathBuf {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    cwd.join(format!("ladle-sweep-{now}"))
+}
+
 /// Writes `report` to `path` as pretty JSON, whole or not at all (a temporary file renamed);
 /// a failure is logged.
 pub fn write_report(path: &Path, report: &SweepReport) {
@@ -381,12 +389,12 @@ fn args_of(planned: Option<&[PlannedRun]>, name: &str) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    fn run(name: &str, state: &str) -> RunReport {
+    pub(crate) fn run(name: &str, state: &str) -> RunReport {
         RunReport {
             name: name.into(),
             args: vec!["train".into()],
@@ -429,7 +437,7 @@ mod tests {
         }
     }
 
-    fn node(dir: &Path, name: &str, index: u32, runs: &[&str]) -> Ledger {
+    pub(crate) fn node(dir: &Path, name: &str, index: u32, runs: &[&str]) -> Ledger {
         let dir = dir.join(format!("node-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         Ledger::start(

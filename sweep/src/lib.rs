@@ -13,6 +13,9 @@
 //!   what `ladle report --merge` prints and a requeued or resumed sweep reads.
 //! - [`slurm`]: a sweep over a Slurm allocation: the batch script (one node sweep per node,
 //!   then the merge), the node's view of its allocation, `sbatch`/`scontrol`/`scancel`.
+//! - [`submit`]: the submitting side apart from the terminal: what a `--resume` submits,
+//!   the script written and submitted with its manifest, the job's output followed, the
+//!   merge of a sweep directory.
 //!
 //! A local sweep, a shard run by hand (`ladle sweep --shard K/N`) and a node of a Slurm
 //! sweep are the same [`engine::run`] with different [`engine::SweepConfig`]s.
@@ -35,6 +38,7 @@ mod error;
 pub mod grid;
 pub mod ledger;
 pub mod slurm;
+pub mod submit;
 mod view;
 
 pub use error::SweepError;
