@@ -99,17 +99,52 @@ enum Command {
     Top(top::TopArgs),
 }
 
-/// The environment variable naming the command that runs this CLI again (set by a host that
-/// is not the `ladle` binary itself: the Python package's console script); else the running
-/// executable.
+/// The environment variable naming the command that runs this CLI again, when the user
+/// sets it; else the host's ([`Host::exe`]), else the running executable.
 pub const SELF_ENV: &str = "LADLE_EXE";
 
-/// The program that runs this CLI again: `$LADLE_EXE` when a host set it, else this executable.
+/// What a process hosting this CLI other than the `ladle` binary says of itself: the Python
+/// package's console script passes its own path and interpreter ([`run_hosted`]). Kept in
+/// this process only, never in the environment, so that nothing it starts inherits it.
+#[derive(Debug, Clone, Default)]
+pub struct Host {
+    /// The command that runs this CLI again (the console script), for what it starts
+    /// (a Slurm batch script, benchmark workers).
+    pub exe: Option<std::path::PathBuf>,
+    /// The interpreter hosting it: `ladle serve MODULE:FACTORY` serves there.
+    pub python: Option<std::path::PathBuf>,
+}
+
+static HOST: std::sync::Mutex<Option<Host>> = std::sync::Mutex::new(None);
+
+/// This process's [`Host`], if one said so.
+pub(crate) fn host() -> Host {
+    HOST.lock()
+        .map(|h| h.clone().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+/// The program that runs this CLI again: `$LADLE_EXE` when set, else the host's command,
+/// else this executable.
 pub(crate) fn self_exe() -> std::io::Result<std::path::PathBuf> {
-    match std::env::var_os(SELF_ENV) {
-        Some(path) if !path.is_empty() => Ok(path.into()),
+    match (std::env::var_os(SELF_ENV), host().exe) {
+        (Some(path), _) if !path.is_empty() => Ok(path.into()),
+        (_, Some(exe)) => Ok(exe),
         _ => std::env::current_exe(),
     }
+}
+
+/// [`run`] in a process that is not the `ladle` binary (the Python package's console
+/// script), which says what it is.
+pub fn run_hosted<I, T>(args: I, host: Host) -> std::process::ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    if let Ok(mut slot) = HOST.lock() {
+        *slot = Some(host);
+    }
+    run(args)
 }
 
 /// Runs the `ladle` command line: `args` as `std::env::args_os()` gives them (the program's

@@ -13,9 +13,13 @@ use clap::parser::ValueSource;
 
 use crate::serve::ServeArgs;
 
-/// The environment variable naming the Python that serves a `MODULE:FACTORY` dataset; the
-/// package's console script sets it to its own interpreter.
+/// The environment variable naming the Python that serves a `MODULE:FACTORY` dataset, when
+/// the user sets it; else the host's interpreter ([`crate::Host::python`]: the package's
+/// console script), else `python3`.
 pub(crate) const PYTHON_ENV: &str = "LADLE_PYTHON";
+
+/// Options of the image pipeline (clap ids): a Python dataset makes its samples itself.
+const IMAGE_OPTIONS: [&str; 3] = ["image_size", "eval", "transform"];
 
 /// The `ladle serve` options a Python dataset takes (clap ids); the others are the image
 /// pipeline's, the scheduler's or the observers'.
@@ -33,12 +37,20 @@ const PYTHON_OPTIONS: [&str; 9] = [
 
 /// Replaces this process with the Python producer serving `spec`; returns only on an error.
 pub(crate) fn exec(spec: &str, args: &ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<()> {
-    if let Some(flag) = image_only_flag(given) {
+    if let Some((id, flag)) = unsupported_flag(given) {
+        if IMAGE_OPTIONS.contains(&id.as_str()) {
+            bail!(
+                "{flag} applies to image datasets (--dataset), not to a Python dataset \
+                 ({spec}): its __getitem__ makes each sample as it is"
+            );
+        }
         bail!(
-            "{flag} applies to image datasets (--dataset), not to a Python dataset \
-             ({spec}): its __getitem__ makes each sample as it is"
+            "{flag} is not supported with a Python dataset ({spec}): the Python producer \
+             takes --socket, --ring-mib, --seed, --threads, --keep-alive, --stall-timeout, \
+             --fail-on-bad-sample and --timeout"
         );
     }
+    check_values(args)?;
     let python = python();
     check_importable(&python, spec)?;
     let error = Command::new(&python)
@@ -53,8 +65,9 @@ pub(crate) fn exec(spec: &str, args: &ServeArgs, given: &clap::ArgMatches) -> an
     })
 }
 
-/// The first option given on the command line that a Python dataset does not take, as its flag.
-fn image_only_flag(given: &clap::ArgMatches) -> Option<String> {
+/// The first option given on the command line that a Python dataset does not take: its clap
+/// id and its flag.
+fn unsupported_flag(given: &clap::ArgMatches) -> Option<(String, String)> {
     let command = <crate::Cli as clap::CommandFactory>::command();
     let serve = command.find_subcommand("serve")?;
     serve
@@ -67,13 +80,39 @@ fn image_only_flag(given: &clap::ArgMatches) -> Option<String> {
                 Some(ValueSource::CommandLine | ValueSource::EnvVariable)
             )
         })
-        .map(|id| format!("--{}", id.replace('_', "-")))
+        .map(|id| (id.to_owned(), format!("--{}", id.replace('_', "-"))))
 }
 
-/// `$LADLE_PYTHON`, else `python3` from `PATH`.
+/// The same limits as the image path's (`FeedOptions::open`), checked before Python runs.
+fn check_values(args: &ServeArgs) -> anyhow::Result<()> {
+    let feed = &args.feed;
+    if !(feed.stall_timeout.is_finite() && feed.stall_timeout >= 0.1) {
+        bail!(
+            "--stall-timeout {} is not a number of seconds of at least 0.1",
+            feed.stall_timeout
+        );
+    }
+    for (flag, value) in [
+        ("--keep-alive", feed.keep_alive),
+        ("--timeout", args.timeout),
+    ] {
+        if let Some(s) = value
+            && !(s.is_finite() && s >= 0.0)
+        {
+            bail!("{flag} {s} is not a number of seconds");
+        }
+    }
+    if feed.threads == Some(0) {
+        bail!("--threads 0: a Python dataset needs at least one worker process");
+    }
+    Ok(())
+}
+
+/// `$LADLE_PYTHON`, else the host's interpreter, else `python3` from `PATH`.
 fn python() -> PathBuf {
-    match std::env::var_os(PYTHON_ENV) {
-        Some(python) if !python.is_empty() => python.into(),
+    match (std::env::var_os(PYTHON_ENV), crate::host().python) {
+        (Some(python), _) if !python.is_empty() => python.into(),
+        (_, Some(python)) => python,
         _ => "python3".into(),
     }
 }
@@ -104,19 +143,18 @@ fn check_importable(python: &std::path::Path, spec: &str) -> anyhow::Result<()> 
     )
 }
 
-/// `python -m ladle serve`'s arguments for the options given to `ladle serve`.
+/// `python -m ladle serve`'s arguments for the options given to `ladle serve`, each option
+/// one `--flag=value` word (a value may start with `-`).
 fn python_argv(spec: &str, args: &ServeArgs) -> Vec<OsString> {
     let feed = &args.feed;
+    let mut socket = OsString::from("--socket=");
+    socket.push(&args.socket);
     let mut argv: Vec<OsString> = vec![
         spec.into(),
-        "--socket".into(),
-        args.socket.clone().into(),
-        "--ring-mib".into(),
-        feed.ring_mib.to_string().into(),
-        "--seed".into(),
-        feed.seed.to_string().into(),
-        "--stall-timeout".into(),
-        feed.stall_timeout.to_string().into(),
+        socket,
+        format!("--ring-mib={}", feed.ring_mib).into(),
+        format!("--seed={}", feed.seed).into(),
+        format!("--stall-timeout={}", feed.stall_timeout).into(),
     ];
     let optional = [
         ("--threads", feed.threads.map(|n| n.to_string())),
@@ -125,7 +163,7 @@ fn python_argv(spec: &str, args: &ServeArgs) -> Vec<OsString> {
     ];
     for (flag, value) in optional {
         if let Some(value) = value {
-            argv.extend([flag.into(), value.into()]);
+            argv.push(format!("{flag}={value}").into());
         }
     }
     if feed.fail_on_bad_sample {
@@ -165,15 +203,16 @@ mod tests {
             "9",
             "--fail-on-bad-sample",
         ]);
-        assert_eq!(image_only_flag(&given), None);
+        assert_eq!(unsupported_flag(&given), None);
+        check_values(&args).unwrap();
         let argv: Vec<String> = python_argv("m:f", &args)
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect();
         assert_eq!(
             argv.join(" "),
-            "m:f --socket /s --ring-mib 256 --seed 0 --stall-timeout 10 --threads 3 \
-             --keep-alive 2.5 --timeout 9 --fail-on-bad-sample"
+            "m:f --socket=/s --ring-mib=256 --seed=0 --stall-timeout=10 --threads=3 \
+             --keep-alive=2.5 --timeout=9 --fail-on-bad-sample"
         );
         for (flag, value) in [
             ("--image-size", Some("64")),
@@ -185,10 +224,24 @@ mod tests {
             let mut argv = vec!["serve", "m:f", "--socket", "/s", flag];
             argv.extend(value);
             let (_, given) = parse(&argv);
-            assert_eq!(image_only_flag(&given).as_deref(), Some(flag));
+            assert_eq!(
+                unsupported_flag(&given).map(|(_, f)| f).as_deref(),
+                Some(flag)
+            );
         }
         // Defaults are not "given".
         let (_, given) = parse(&["serve", "m:f", "--socket", "/s"]);
-        assert_eq!(image_only_flag(&given), None);
+        assert_eq!(unsupported_flag(&given), None);
+        // The image path's limits hold here too, before any Python runs.
+        for bad in [
+            &["--stall-timeout", "0"][..],
+            &["--keep-alive=-1"],
+            &["--timeout", "inf"],
+            &["--threads", "0"],
+        ] {
+            let (args, _) = parse(&[&["serve", "m:f", "--socket", "/s"], bad].concat());
+            let err = check_values(&args).unwrap_err().to_string();
+            assert!(err.contains(bad[0].split('=').next().unwrap()), "{err}");
+        }
     }
 }

@@ -303,6 +303,13 @@ fn serve_of_a_python_dataset_names_what_is_missing_and_the_options_it_does_not_t
         err.contains("--transform applies to image datasets (--dataset)"),
         "{err}"
     );
+    // An option the Python producer does not have: refused by name, saying what it takes.
+    let err = serve("/nonexistent/python", &["--pacing", "lockstep"]);
+    assert!(
+        err.contains("--pacing is not supported with a Python dataset")
+            && err.contains("--stall-timeout"),
+        "{err}"
+    );
     // No such Python.
     let err = serve("/nonexistent/python", &[]);
     assert!(err.contains("cannot run /nonexistent/python"), "{err}");

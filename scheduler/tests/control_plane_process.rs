@@ -127,10 +127,19 @@ fn a_daemon_out_of_file_descriptors_backs_off_and_serves_again_once_some_are_fre
             Err(e) => panic!("{e}"),
         }
     };
+    let at_limit = || {
+        let opened = std::fs::File::open("/dev/null");
+        assert!(
+            matches!(&opened, Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error())),
+            "not at the descriptor limit ({opened:?}): the daemon could accept, nothing is tested"
+        );
+    };
+    at_limit();
     let before = cpu_seconds();
     // The window measured: the behaviour under test, not a wait for something to happen.
     std::thread::sleep(Duration::from_secs(2));
     let used = cpu_seconds() - before;
+    at_limit();
     drop(fillers);
     rustix::process::setrlimit(rustix::process::Resource::Nofile, limit).unwrap();
     assert!(

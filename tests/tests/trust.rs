@@ -322,11 +322,11 @@ fn a_connection_flood_is_capped_and_refused_with_a_reason_and_a_slow_hello_is_cu
         "{message:?}"
     );
     // A connection thread that has just let its slot go (the fixture's readiness probe's)
-    // may still be exiting when the flood arrives: wait for the count to settle. Without a
-    // cap it settles at 40 and this fails.
+    // may still be exiting when the flood arrives: wait for the count to settle, but for
+    // well under the 5 s Hello deadline, after which even uncapped threads would be gone.
     wait_until(
         "at most 8 connection threads and no other thread beyond the producer's own",
-        Duration::from_secs(10),
+        Duration::from_secs(2),
         || {
             let (conns, all) = (connection_threads(pid), threads(pid));
             if conns <= 8 && all <= own + 8 {

@@ -626,10 +626,18 @@ impl PyBatch {
 /// The native module `ladle._native`.
 /// Runs the `ladle` command line in this process with `argv` (the program's name first), the
 /// interpreter's lock released, and returns its exit code: the package's `ladle` console
-/// script exits with it.
+/// script exits with it. `exe` is the console script (what the CLI runs to run itself
+/// again), `python` this interpreter (where `ladle serve MODULE:FACTORY` serves).
 #[pyfunction]
-fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
-    let code = py.detach(|| ladle_cli::run(argv));
+#[pyo3(signature = (argv, exe=None, python=None))]
+fn cli_main(
+    py: Python<'_>,
+    argv: Vec<std::ffi::OsString>,
+    exe: Option<std::path::PathBuf>,
+    python: Option<std::path::PathBuf>,
+) -> u8 {
+    let host = ladle_cli::Host { exe, python };
+    let code = py.detach(|| ladle_cli::run_hosted(argv, host));
     // `ExitCode` does not give its number back (before `exit_process`): find it.
     (0..=u8::MAX)
         .find(|&n| std::process::ExitCode::from(n) == code)

@@ -114,3 +114,25 @@ def test_ladle_serve_module_factory_serves_a_python_dataset_through_the_console_
         proc.kill()
     assert proc.returncode == 0, err
     assert "1 workers" in err and "served" in err, err
+
+
+def test_what_the_console_script_starts_does_not_inherit_its_host_settings(console_script, tmp_path):
+    # The console script tells the CLI its own path and interpreter in-process: a run it
+    # starts (here a sweep's) must not inherit them as LADLE_EXE / LADLE_PYTHON, or another
+    # environment's `ladle` started from that run would use this one's.
+    data = tmp_path / "data"
+    subprocess.run(
+        [console_script, "dataset", "generate", "--format", "cifar10", "--count", "8", "--out", data],
+        check=True, capture_output=True, timeout=120,
+    )
+    seen = tmp_path / "seen"
+    env = {k: v for k, v in os.environ.items() if k not in ("LADLE_EXE", "LADLE_PYTHON")}
+    done = subprocess.run(
+        [console_script, "sweep", "--dataset", data, "--image-size", "32", "--ring-mib", "2",
+         "--gpu", "sim", "--sim-gpus", "1", "--settle-s", "0", "--tick-ms", "100",
+         "--measure-s", "1", "--private-scheduler", "--out", tmp_path / "sweep", "--json", "--",
+         "sh", "-c", f'echo "${{LADLE_EXE-unset}} ${{LADLE_PYTHON-unset}}" > {seen}'],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert seen.read_text().split() == ["unset", "unset"]

@@ -14,12 +14,11 @@ def main() -> None:
     """Entry point of the ``ladle`` console script; never returns."""
     from . import _native
 
-    # The CLI runs itself again (a Slurm batch script, benchmark workers): point it at this
-    # script, not at the Python interpreter that hosts it.
+    # The CLI runs itself again (a Slurm batch script, benchmark workers) through this
+    # script, not the Python interpreter that hosts it; `ladle serve module:factory` hands
+    # over to the Python producer in this interpreter, where the package (and most likely the
+    # user's dataset) is importable. Both are told to this process only, not put in the
+    # environment: what it starts must not inherit them.
     script = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else shutil.which("ladle")
-    if script and "LADLE_EXE" not in os.environ:
-        os.environ["LADLE_EXE"] = os.path.abspath(script)
-    # `ladle serve module:factory` hands over to the Python producer: in this interpreter,
-    # where the package (and most likely the user's dataset) is importable.
-    os.environ.setdefault("LADLE_PYTHON", sys.executable)
-    sys.exit(_native.cli_main(["ladle", *sys.argv[1:]]))
+    exe = os.path.abspath(script) if script else None
+    sys.exit(_native.cli_main(["ladle", *sys.argv[1:]], exe, sys.executable))

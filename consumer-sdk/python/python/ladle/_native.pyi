@@ -6,8 +6,10 @@ from typing import Any, Iterator, Literal, Sequence, TypedDict
 import torch
 
 PROTOCOL_VERSION: int
-def cli_main(argv: list[str]) -> int:
-    """Run the ``ladle`` command line with ``argv`` in this process; returns its exit code."""
+def cli_main(argv: list[str], exe: str | None = None, python: str | None = None) -> int:
+    """Run the ``ladle`` command line with ``argv`` in this process; returns its exit code.
+    ``exe`` is the command that runs it again (the console script), ``python`` the
+    interpreter where ``ladle serve module:factory`` serves."""
 
 VERSION: str
 """The package's version."""
