@@ -45,7 +45,7 @@ struct Output<'a> {
 }
 
 pub(crate) fn run(args: CostArgs) -> anyhow::Result<std::process::ExitCode> {
-    let nodes = crate::report::node_recordings(&args.recording);
+    let nodes = ladle_sweep::slurm::node_recordings(&args.recording);
     if !nodes.is_empty() {
         let names: Vec<&str> = nodes.iter().map(|(name, _)| name.as_str()).collect();
         anyhow::bail!(

@@ -51,7 +51,7 @@ pub(crate) fn run(args: ReportArgs) -> anyhow::Result<std::process::ExitCode> {
     let [dir] = args.dirs.as_slice() else {
         anyhow::bail!("one recording at a time (or --merge for sweep directories)");
     };
-    let nodes = node_recordings(dir);
+    let nodes = ladle_sweep::slurm::node_recordings(dir);
     if nodes.is_empty() {
         report(dir, args.out.as_deref().unwrap_or(dir))?;
         return Ok(std::process::ExitCode::SUCCESS);
@@ -68,27 +68,6 @@ pub(crate) fn run(args: ReportArgs) -> anyhow::Result<std::process::ExitCode> {
         println!();
     }
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-/// The per-node recordings (`node-NAME[.K]/meta.json`) of a multi-node sweep's recording
-/// directory, by name; empty when `dir` is itself a recording.
-pub(crate) fn node_recordings(dir: &Path) -> Vec<(String, PathBuf)> {
-    if dir.join(ladle_observe::record::META).exists() {
-        return Vec::new();
-    }
-    let mut nodes: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let path = e.path();
-            (name.starts_with("node-") && path.join(ladle_observe::record::META).exists())
-                .then_some((name, path))
-        })
-        .collect();
-    nodes.sort();
-    nodes
 }
 
 /// Plots one recording `dir` into `out` and prints its summary.

@@ -51,6 +51,27 @@ pub fn node_record_dir(record: &Path, node: &str) -> PathBuf {
         .unwrap_or(first)
 }
 
+/// The per-node recordings ([`node_record_dir`]'s `node-NAME[.K]` holding a recording) of a
+/// Slurm sweep's `--record DIR`, by name; empty when `dir` is itself a recording.
+pub fn node_recordings(dir: &Path) -> Vec<(String, PathBuf)> {
+    if dir.join(ladle_observe::record::META).exists() {
+        return Vec::new();
+    }
+    let mut nodes: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            (name.starts_with("node-") && path.join(ladle_observe::record::META).exists())
+                .then_some((name, path))
+        })
+        .collect();
+    nodes.sort();
+    nodes
+}
+
 /// What a node's sweep reads from Slurm's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeEnv {
@@ -478,6 +499,16 @@ mod tests {
         assert_eq!(
             node_record_dir(dir.path(), "n1"),
             dir.path().join("node-n1.3")
+        );
+        // What `ladle report DIR` finds: the folders holding a recording, by name.
+        let found: Vec<String> = node_recordings(dir.path())
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(found, ["node-n1", "node-n1.2"]);
+        assert!(
+            node_recordings(&first).is_empty(),
+            "a recording has no nodes"
         );
     }
 
