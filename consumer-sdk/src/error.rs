@@ -268,7 +268,8 @@ pub enum ConsumerError {
         /// The producer's reason.
         reason: String,
     },
-    /// The producer detached this consumer (e.g. it fell too far behind).
+    /// The producer detached this consumer for good: it broke the control protocol (e.g. its
+    /// cursor lies outside what it may show). A consumer that only lags is let go, not detached.
     #[error("{}: the producer detached this consumer: {reason}", socket.display())]
     Detached {
         /// The control socket.

@@ -83,10 +83,10 @@
 //! [`SharedBatch`]es that hold a reference instead: they can be stored, sent to another thread
 //! or owned by Python objects (the `ladle` Python package is built on them). A dropped batch releases its samples: the consumer's cursor
 //! moves to the start of the oldest batch still held, or to the first sample not handed out.
-//! The producer overwrites nothing at or above the cursor, so it waits for the slowest
-//! consumer; asking for more than [`ConsumerConfig::max_batches_held`] batches, or for more
-//! than the ring holds beside the batches held, is
-//! [`ConsumerError::TooManyBatchesHeld`] instead of a deadlock.
+//! The producer overwrites nothing at or above the cursor of a consumer it has not let go
+//! (see Pauses), so it waits for the slowest consumer; asking for more than
+//! [`ConsumerConfig::max_batches_held`] batches, or for more than the ring holds beside the
+//! batches held, is [`ConsumerError::TooManyBatchesHeld`] instead of a deadlock.
 //!
 //! ## Pauses
 //! A consumer that takes no batch for the producer's stall timeout (10 s by default) while

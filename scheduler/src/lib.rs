@@ -68,17 +68,16 @@
 //!
 //! ## Measured (simulator, not hardware)
 //! On the generated 60-job CARMA-like traces of seeds 1–10, 3 GPUs of 40 GiB, `ladle`
-//! finishes 14–44% sooner than one job per GPU (mean 28%) and cuts the mean completion time
-//! by 35–61% (mean 52%); its makespan is 1.47× the model's lower bound on average against
-//! 1.52–1.55× for CARMA's four rules, and its mean completion time is lower than the best
-//! CARMA rule's on every seed. It is not clearly ahead on makespan: 0.98× the best CARMA
-//! rule of each seed on average, behind it by up to 2.5% on the seeds whose makespan is a
-//! chain of two-GPU jobs, and level (1.52× against 1.53–1.55× the bound, 1.00× the best
-//! rule of each seed) on seeds 11–30, which were not used to choose its settings. When every job declares half of what it
-//! needs, `ladle` learns the factor from its first measured job and has no out-of-memory
-//! crash where CARMA's rules have 28–32; an 8-run sweep that declares nothing packs after its
-//! first run is measured and finishes 65% sooner than one run at a time. The tables and the
-//! commands that reproduce them are in `benches/README.md`.
+//! finishes 19–41% sooner than one job per GPU (mean 30%); its makespan is 1.43× the model's
+//! lower bound on average against 1.52–1.55× for CARMA's four rules, and its mean completion
+//! time is 0.40–0.91× the best CARMA rule's, lower on every seed. On makespan it is 4% ahead,
+//! short of issue 13's 5%: 0.959× the best CARMA rule of each seed on average, behind it on
+//! seeds 2 and 6 (by 0.1% and 5.0%); on seeds 11–30 and 31–60, which were not used to choose
+//! its settings, 0.977× and 0.963× (behind on 7 of 20 and 8 of 30). When every job declares
+//! half of what it needs, `ladle` learns the factor from its first measured job and has no
+//! out-of-memory crash where CARMA's rules have 28–32; an 8-run sweep that declares nothing
+//! packs after its first run is measured and finishes 65% sooner than one run at a time. The
+//! tables and the commands that reproduce them are in `benches/README.md`.
 //!
 //! ## Logging
 //! `error`: the journal cannot be written (jobs are then refused). `warn`: recoveries after

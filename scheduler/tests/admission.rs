@@ -1,4 +1,4 @@
-//! Admission behaviour written once and run on every telemetry backend (STYLE 18): the
+//! Admission behaviour written once over `dyn Telemetry` and run on every backend: the
 //! simulated GPUs always, NVML when this machine has a driver (otherwise the backend must
 //! fail with a typed error, which is checked instead).
 

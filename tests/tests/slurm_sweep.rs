@@ -769,9 +769,22 @@ fn a_requeued_job_gives_its_runs_sigterm_and_does_not_rerun_the_finished_ones() 
             Duration::from_secs(30),
         )
         .unwrap();
-    wait_until("the job requeued", Duration::from_secs(60), || {
-        cluster.job_state(job).unwrap().as_deref() != Some("RUNNING")
-    });
+    // The preempted runs get SIGTERM (time to checkpoint) while still at their gate, and the
+    // gate opens only once both have noted it. (Opening it when the job left RUNNING raced:
+    // the job leaves RUNNING as soon as slurmctld takes the requeue, before slurmd has
+    // signalled anything, and a run let through its gate has exec'd `ladle consume` and no
+    // trap left to note the signal with.)
+    let term =
+        |run: &str| std::fs::read_to_string(files.join(format!("term-{run}"))).unwrap_or_default();
+    wait_until(
+        "n2's runs (run-01, run-03) noted their SIGTERM",
+        Duration::from_secs(60),
+        || {
+            ["run-01", "run-03"]
+                .iter()
+                .all(|r| term(r).contains("term"))
+        },
+    );
     std::fs::write(files.join("go-n2"), "").unwrap();
     sweep.wait_timeout(GUARD).unwrap();
     let done = sweep.output().unwrap();
@@ -781,11 +794,8 @@ fn a_requeued_job_gives_its_runs_sigterm_and_does_not_rerun_the_finished_ones() 
         runs(&report).iter().all(|r| r["state"] == "succeeded"),
         "{report}"
     );
-    // The preempted runs got SIGTERM (time to checkpoint); n1's ran once, n2's twice.
-    for run in ["run-01", "run-03"] {
-        let term = std::fs::read_to_string(files.join(format!("term-{run}"))).unwrap_or_default();
-        assert!(term.contains("term"), "{run} got no SIGTERM");
-    }
+    // n1's finished runs ran once; n2's preempted ones twice (the second through the open
+    // gate).
     let n1 = ledger_lines(&out, "n1");
     assert_eq!(n1.len(), 2, "n1's finished runs ran again: {n1:?}");
     let node: Value = serde_json::from_str(

@@ -136,6 +136,7 @@ fn rates(
             order.sort_by(|&a, &b| wants[a].total_cmp(&wants[b]));
             let mut spare = vcpus;
             let mut given = vec![0.0; wants.len()];
+            let mut rates = vec![0.0; wants.len()];
             let mut limited = false;
             for (k, &j) in order.iter().enumerate() {
                 let share = spare / (order.len() - k) as f64;
@@ -143,8 +144,15 @@ fn rates(
                 given[j] = need.min(share);
                 limited |= need > share;
                 spare -= given[j];
+                // A run its share feeds goes at exactly its GPU-bound rate: not `need /
+                // per_sample`, which rounds, so that a GPU-bound sweep takes the same time,
+                // to the bit, however it is fed.
+                rates[j] = if need <= share {
+                    wants[j]
+                } else {
+                    share / per_sample
+                };
             }
-            let rates: Vec<f64> = given.iter().map(|c| c / per_sample).collect();
             let decoded = rates.iter().sum();
             (rates, decoded, limited)
         }
@@ -216,6 +224,32 @@ mod tests {
         let o = simulate(&FOUR, 4, 8.0, 0.0, Loading::Private { cpu: 1e-3 });
         assert!(close(o.wall, 2.0), "{o:?}");
         assert!(close(o.cpu_bound, 1.5), "{o:?}");
+    }
+
+    #[test]
+    fn a_gpu_bound_sweep_takes_the_same_time_to_the_bit_shared_or_private() {
+        // Rates and costs that do not divide evenly: `rate * cpu / cpu` rounds for some.
+        let runs: Vec<Run> = (1..=40)
+            .map(|k| Run {
+                samples: 1000.0 + f64::from(k) / 3.0,
+                rate: 100.0 * f64::from(k) / 7.0 + 0.1,
+            })
+            .collect();
+        let mut rounded = 0;
+        for cpu in [1e-3 / 3.0, 7.3e-4, 0.1 / 9.0] {
+            for run_cpu in [0.0, 1e-4 / 7.0] {
+                let shared = simulate(&runs, 3, 1e9, run_cpu, Loading::Shared { feed_cpu: cpu });
+                let private = simulate(&runs, 3, 1e9, run_cpu, Loading::Private { cpu });
+                assert_eq!(shared.wall, private.wall, "cpu {cpu}, run cpu {run_cpu}");
+                assert_eq!(private.cpu_bound, 0.0);
+                let per_sample = cpu + run_cpu;
+                rounded += (runs.iter())
+                    .filter(|r| r.rate * per_sample / per_sample != r.rate)
+                    .count();
+            }
+        }
+        // The case the test is for happens in it.
+        assert!(rounded > 0);
     }
 
     #[test]

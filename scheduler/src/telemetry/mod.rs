@@ -571,7 +571,7 @@ pub struct Risk {
 mod tests {
     use super::*;
 
-    /// Behaviour every backend shows, written once (STYLE 18).
+    /// Behaviour every backend shows, written once over `dyn Telemetry` and run on each backend.
     fn conforms(backend: &mut dyn Telemetry) {
         let gpus = backend.gpus().to_vec();
         assert!(!gpus.is_empty());

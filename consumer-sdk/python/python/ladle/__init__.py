@@ -41,8 +41,11 @@ tabular rows), see :func:`serve` and :class:`Producer`, or ``python -m ladle ser
 
 **The holding rule.** A batch's samples stay reserved (the producer will not overwrite them,
 and waits for them) until the batch *and every view, array and tensor made from it* are
-gone. A consumer may hold at most ``max_batches_held`` batches (default 8); asking for one
-more raises :class:`TooManyBatchesHeld`. In the usual loop only the current batch is held.
+gone, unless the consumer holds the feed back for the producer's stall timeout (10 s by
+default) without taking a batch: then it is let go and the batches it holds may be
+overwritten (``batch.intact`` turns False; it rejoins by itself). A consumer may hold at
+most ``max_batches_held`` batches (default 8); asking for one more raises
+:class:`TooManyBatchesHeld`. In the usual loop only the current batch is held.
 Copy (``to_torch``, ``numpy.array``, ``tensor.clone()``) what must outlive the step.
 """
 

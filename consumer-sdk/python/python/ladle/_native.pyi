@@ -40,7 +40,9 @@ class ProducerEnded(LadleError):
     """The producer ended the stream."""
 
 class Detached(LadleError):
-    """The producer detached this consumer for lagging past --max-lag."""
+    """The producer detached this consumer for good: it broke the control protocol (for
+    example its cursor moved outside what it may show). Lagging is not a reason: a consumer
+    that holds the feed back past ``ladle serve --stall-timeout`` is let go and rejoins."""
 
 class TooManyBatchesHeld(LadleError):
     """More batches held at once than max_batches_held (or the ring) allows."""
