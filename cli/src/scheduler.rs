@@ -55,7 +55,8 @@ impl DirArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum GpuChoice {
-    /// NVML if the driver loads, else simulated GPUs (with a warning).
+    /// Real GPUs through NVML (the same as `nvml`); no driver is an error naming `--gpu sim`,
+    /// never a silent fall-back to simulated GPUs.
     Auto,
     /// Real GPUs through NVML; no driver is an error.
     Nvml,
@@ -95,7 +96,7 @@ pub(crate) struct DaemonOptions {
     /// Which GPUs to schedule.
     #[arg(long, value_enum, default_value_t = GpuChoice::Auto)]
     gpu: GpuChoice,
-    /// Simulated GPUs (with --gpu sim, or --gpu auto without a driver).
+    /// Simulated GPUs (with --gpu sim).
     #[arg(long, default_value_t = 2)]
     sim_gpus: usize,
     /// Memory of each simulated GPU (e.g. 40GiB; a bare number is MiB).
@@ -186,11 +187,7 @@ impl DaemonOptions {
             bail!("--sim-gpus and --sim-gpu-mem must be positive");
         }
         config.gpu = match self.gpu {
-            GpuChoice::Auto => GpuBackend::Auto {
-                sim_gpus: self.sim_gpus,
-                sim_memory_mib,
-            },
-            GpuChoice::Nvml => GpuBackend::Nvml,
+            GpuChoice::Auto | GpuChoice::Nvml => GpuBackend::Nvml,
             GpuChoice::Sim => GpuBackend::Sim {
                 gpus: self.sim_gpus,
                 memory_mib: sim_memory_mib,

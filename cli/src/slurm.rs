@@ -133,7 +133,7 @@ pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> 
                 .canonicalize()
                 .with_context(|| format!("--resume {}", dir.display()))?;
             let mut manifest = Manifest::read(&sweep)?;
-            let left = manifest.resume(&sweep);
+            let left = manifest.resume(&sweep)?;
             if left.is_empty() {
                 eprintln!(
                     "ladle sweep: every run of {} has succeeded: nothing to resume",

@@ -216,7 +216,8 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         args.observe.record = Some(mine);
     }
     let done = match &node {
-        Some(_) => ladle_sweep::ledger::succeeded(std::slice::from_ref(&base)),
+        Some(_) => ladle_sweep::ledger::succeeded(std::slice::from_ref(&base))
+            .context("reading which runs of this sweep already succeeded")?,
         None => Default::default(),
     };
     let (dataset, producer) = args.feed.open(state.join("feed.sock"))?;

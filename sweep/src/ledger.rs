@@ -65,9 +65,11 @@ impl Ledger {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("removing the last attempt's report", &report)(e)),
         }
+        // Whole or not at all: the other nodes of a requeued job read this file (to skip the
+        // runs that succeeded) while this node starts again and rewrites it.
         let node = dir.join(NODE);
         let text = serde_json::to_string_pretty(start).unwrap_or_default() + "\n";
-        std::fs::write(&node, text).map_err(io("writing", &node))?;
+        write_whole(&node, &text).map_err(io("writing", &node))?;
         let path = dir.join(RUNS);
         let runs = std::fs::OpenOptions::new()
             .create(true)
@@ -110,14 +112,26 @@ pub fn default_out(cwd: &Path) -> PathBuf {
     cwd.join(format!("ladle-sweep-{now}"))
 }
 
-/// Writes `report` to `path` as pretty JSON, whole or not at all (a temporary file renamed);
-/// a failure is logged.
+/// Writes `report` to `path` as pretty JSON, whole or not at all; a failure is logged.
 pub fn write_report(path: &Path, report: &SweepReport) {
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(report).unwrap_or_default() + "\n";
-    if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
+    if let Err(e) = write_whole(path, &text) {
         tracing::error!("cannot write the report {}: {e}", path.display());
     }
+}
+
+/// Writes `text` to `path` whole or not at all: into a temporary file beside it (named for
+/// this process, so that two writers never share one), then renamed over it. A reader sees
+/// the old file or the new one, never a part.
+fn write_whole(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
 }
 
 /// One node's directory, read back.
@@ -229,10 +243,23 @@ pub fn node_dirs(dirs: &[PathBuf]) -> Result<Vec<NodeDir>, SweepError> {
     Ok(nodes)
 }
 
-/// The runs that succeeded in any node directory under `dirs` (none when there is none yet).
-pub fn succeeded(dirs: &[PathBuf]) -> BTreeSet<String> {
-    let nodes = node_dirs(dirs).unwrap_or_default();
-    nodes
+/// The runs that succeeded in any node directory under `dirs` (none when there is none yet:
+/// a directory that does not exist, or holds no node).
+///
+/// # Errors
+/// A node's files that cannot be read or parsed: never taken for "nothing succeeded", which
+/// would run finished runs again.
+pub fn succeeded(dirs: &[PathBuf]) -> Result<BTreeSet<String>, SweepError> {
+    let with_nodes: Vec<PathBuf> = (dirs.iter())
+        .filter(|dir| {
+            dir.join(NODE).exists()
+                || std::fs::read_dir(dir)
+                    .is_ok_and(|entries| entries.flatten().any(|e| e.path().join(NODE).exists()))
+        })
+        .cloned()
+        .collect();
+    let nodes = node_dirs(&with_nodes)?;
+    Ok(nodes
         .iter()
         .flat_map(|n| {
             n.ended
@@ -241,7 +268,7 @@ pub fn succeeded(dirs: &[PathBuf]) -> BTreeSet<String> {
                 .filter(|r| r.state == "succeeded")
                 .map(|r| r.name.clone())
         })
-        .collect()
+        .collect())
 }
 
 /// Merges node directories into one report: every run of `planned` (or, without a plan,
@@ -463,6 +490,57 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_node_starting_again_never_shows_another_node_a_torn_start_file() {
+        // A requeued job's nodes start again together: each reads the others' files to skip
+        // the runs that succeeded while they rewrite their own. A torn node.json once read as
+        // "nothing succeeded", and n1 ran its finished runs again.
+        let dir = tempfile::tempdir().unwrap();
+        let mut n1 = node(dir.path(), "n1", 0, &["run-00"]);
+        n1.append(&run("run-00", "succeeded"));
+        let _n2 = node(dir.path(), "n2", 1, &["run-01"]);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..3000 {
+                    drop(node(dir.path(), "n2", 1, &["run-01"]));
+                }
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || reads == 0 {
+                let done = succeeded(&[dir.path().to_owned()])
+                    .map(|d| d.into_iter().collect::<Vec<_>>())
+                    .map_err(|e| e.to_string());
+                assert_eq!(done, Ok(vec!["run-00".to_owned()]), "read {reads}");
+                reads += 1;
+            }
+        });
+        // No temporary file is left beside.
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("node-n2"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn an_unreadable_node_is_an_error_not_nothing_succeeded() {
+        let dir = tempfile::tempdir().unwrap();
+        // No directory, or one without a node: nothing has succeeded yet.
+        assert_eq!(succeeded(&[dir.path().join("none")]).unwrap().len(), 0);
+        assert_eq!(succeeded(&[dir.path().to_owned()]).unwrap().len(), 0);
+        let mut n1 = node(dir.path(), "n1", 0, &["run-00"]);
+        n1.append(&run("run-00", "succeeded"));
+        let bad = dir.path().join("node-n2");
+        std::fs::create_dir_all(&bad).unwrap();
+        std::fs::write(bad.join(NODE), "{\"node\": ").unwrap();
+        let err = succeeded(&[dir.path().to_owned()]).unwrap_err();
+        assert!(err.to_string().contains("node-n2"), "{err}");
+    }
+
+    #[test]
     fn two_nodes_merge_into_one_report_with_each_run_once_and_its_node() {
         let dir = tempfile::tempdir().unwrap();
         let mut a = node(dir.path(), "n1", 0, &["run-00", "run-02"]);
@@ -530,7 +608,7 @@ pub(crate) mod tests {
         assert!(reason.contains("node n2"), "{reason}");
         assert_eq!(merged.runs[3].args, ["train", "3"]);
         assert!(merged.nodes[1].lost.is_some() && merged.nodes[1].feed.is_none());
-        let done = succeeded(&[dir.path().to_owned()]);
+        let done = succeeded(&[dir.path().to_owned()]).unwrap();
         assert_eq!(
             done.into_iter().collect::<Vec<_>>(),
             ["run-00", "run-01", "run-02"]

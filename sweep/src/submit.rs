@@ -17,8 +17,11 @@ impl Manifest {
     /// Narrows the script to the runs of the sweep directory `sweep` that have not
     /// succeeded (lost with a node, failed, cancelled, never started) and returns their
     /// names; empty when every run succeeded.
-    pub fn resume(&mut self, sweep: &Path) -> Vec<String> {
-        let done = ledger::succeeded(&[sweep.to_owned()]);
+    ///
+    /// # Errors
+    /// A node's files under `sweep` that cannot be read ([`ledger::succeeded`]).
+    pub fn resume(&mut self, sweep: &Path) -> Result<Vec<String>, SweepError> {
+        let done = ledger::succeeded(&[sweep.to_owned()])?;
         let left: Vec<String> = self
             .runs
             .iter()
@@ -26,7 +29,7 @@ impl Manifest {
             .map(|r| r.name.clone())
             .collect();
         self.script.only.clone_from(&left);
-        left
+        Ok(left)
     }
 
     /// Runs the next job submitted for it will run.
@@ -167,7 +170,7 @@ mod tests {
         let mut n1 = crate::ledger::tests::node(dir.path(), "n1", 0, &["run-00", "run-02"]);
         n1.append(&crate::ledger::tests::run("run-00", "succeeded"));
         n1.append(&crate::ledger::tests::run("run-02", "failed"));
-        let left = m.resume(dir.path());
+        let left = m.resume(dir.path()).unwrap();
         assert_eq!(left, ["run-01", "run-02", "run-03"]);
         assert_eq!(m.script.only, left);
         assert_eq!(m.runs_to_submit(), 3);

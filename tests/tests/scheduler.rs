@@ -376,6 +376,30 @@ fn a_second_daemon_on_the_same_directory_is_refused() {
 }
 
 #[test]
+fn without_a_gpu_driver_the_default_refuses_to_start_and_names_gpu_sim() {
+    // The default `--gpu auto` once fell back to simulated GPUs: runs then trained on the CPU
+    // while the scheduler showed GPUs. This is about machines without a driver.
+    if Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: this machine has an NVIDIA driver (/dev/nvidiactl)");
+        return;
+    }
+    let mut fx = Fixture::new();
+    let dir = fx.path().join("state");
+    let dir = dir.to_str().unwrap();
+    for gpu in [&[][..], &["--gpu", "auto"], &["--gpu", "nvml"]] {
+        let mut args = vec!["scheduler", "--dir", dir];
+        args.extend(gpu);
+        let done = fx.run(&args, GUARD);
+        assert!(!done.status.success(), "{gpu:?} started: {}", done.stderr);
+        assert!(
+            done.stderr.contains("NVML") && done.stderr.contains("--gpu sim"),
+            "{gpu:?}: {}",
+            done.stderr
+        );
+    }
+}
+
+#[test]
 fn a_sigkilled_daemon_restarts_and_no_job_is_lost_or_run_twice() {
     // One simulated GPU and the exclusive policy: jobs run one at a time, so at each kill
     // some have finished, one is running and the rest are queued.

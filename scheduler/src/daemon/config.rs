@@ -15,15 +15,10 @@ use super::Retention;
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum GpuBackend {
-    /// NVML if it loads, else an error.
+    /// NVML if it loads, else an error that names `--gpu sim`: a machine without a driver
+    /// never falls back to simulated GPUs on its own (its jobs would train on the CPU while
+    /// the scheduler showed GPUs).
     Nvml,
-    /// NVML if it loads, else simulated GPUs (with a warning).
-    Auto {
-        /// Simulated GPUs to fall back on.
-        sim_gpus: usize,
-        /// Their memory, MiB.
-        sim_memory_mib: u64,
-    },
     /// Simulated GPUs: a job holds its estimate (or what it prints, see [`SIM_MARKER`]).
     Sim {
         /// GPUs.
@@ -101,8 +96,7 @@ pub struct DaemonConfig {
 }
 
 impl DaemonConfig {
-    /// Defaults: policy `ladle`, GPUs `auto` (2 simulated GPUs of 40 GiB without NVML), MPS
-    /// `auto`, 4 GiB default estimate, 3 retries, 1 s tick; logs in the state directory,
+    /// Defaults: policy `ladle`, GPUs through NVML (an error without a driver), MPS `auto`, 4 GiB default estimate, 3 retries, 1 s tick; logs in the state directory,
     /// every GPU, jobs left running on stop, [`Retention::default`].
     pub fn new(dir: PathBuf) -> Self {
         Self {
@@ -111,10 +105,7 @@ impl DaemonConfig {
             allocated: None,
             stop_jobs: None,
             policy: Policy::ladle(),
-            gpu: GpuBackend::Auto {
-                sim_gpus: 2,
-                sim_memory_mib: 40 * 1024,
-            },
+            gpu: GpuBackend::Nvml,
             mps: MpsMode::Auto,
             default_estimate_mib: 4 * 1024,
             max_oom_retries: 3,

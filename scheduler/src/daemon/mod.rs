@@ -281,19 +281,6 @@ fn open_telemetry(config: &DaemonConfig) -> Result<Box<dyn Telemetry>, Telemetry
     match &config.gpu {
         GpuBackend::Nvml => Ok(Box::new(NvmlTelemetry::open_with(&options)?)),
         GpuBackend::Sim { gpus, memory_mib } => sim(*gpus, *memory_mib),
-        GpuBackend::Auto {
-            sim_gpus,
-            sim_memory_mib,
-        } => match NvmlTelemetry::open_with(&options) {
-            Ok(nvml) => Ok(Box::new(nvml)),
-            Err(e) => {
-                let count = config.allocated.as_ref().map_or(*sim_gpus, Vec::len);
-                tracing::warn!(
-                    "{e}; scheduling {count} simulated GPUs instead (use --gpu nvml to require a GPU)"
-                );
-                sim(*sim_gpus, *sim_memory_mib)
-            }
-        },
     }
 }
 

@@ -443,8 +443,12 @@ impl GpuSample {
 #[non_exhaustive]
 pub enum TelemetryError {
     /// NVML could not be loaded or initialised: no NVIDIA driver, no GPU, or a driver this
-    /// library cannot use. This is what a machine without a GPU gets.
-    #[error("NVML is not available (no NVIDIA driver or GPU?): {source}")]
+    /// library cannot use. This is what a machine without a GPU gets. NVML's own words are
+    /// the error's source (`{:#}` with anyhow prints them after this).
+    #[error(
+        "NVML is not available (no NVIDIA driver or GPU?); to try ladle without a GPU, \
+         schedule simulated GPUs with `--gpu sim` (jobs then run on this machine's CPU)"
+    )]
     NvmlUnavailable {
         /// NVML's error.
         #[source]
@@ -470,7 +474,10 @@ pub enum TelemetryError {
         call: &'static str,
     },
     /// The machine has no GPU the backend can see.
-    #[error("no GPUs found")]
+    #[error(
+        "NVML found no GPU on this machine; to try ladle without a GPU, schedule simulated \
+         GPUs with `--gpu sim`"
+    )]
     NoGpus,
     /// A GPU of the allocation ([`crate::allocation`]) is not among those NVML sees.
     #[error(
