@@ -582,6 +582,10 @@ pub(crate) struct CancelArgs {
     dir: DirArg,
     /// The job id (from `ladle submit` or `ladle queue`).
     id: u64,
+    /// Seconds a running job gets between SIGTERM and SIGKILL, to checkpoint (default: 10;
+    /// at most 3600).
+    #[arg(long, value_name = "S")]
+    grace: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -603,7 +607,10 @@ pub(crate) fn release(args: ReleaseArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn cancel(args: CancelArgs) -> anyhow::Result<()> {
-    args.dir.request(&Request::Cancel { id: args.id })?;
+    args.dir.request(&Request::Cancel {
+        id: args.id,
+        grace_s: args.grace,
+    })?;
     println!("cancelled job {}", args.id);
     Ok(())
 }

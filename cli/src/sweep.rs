@@ -76,8 +76,10 @@ pub(crate) struct SweepArgs {
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// Seconds cancelled runs get (SIGTERM: time to checkpoint) before their process groups
-    /// are killed (default: 15; 10 under Slurm, inside its default KillWait of 30 s).
-    #[arg(long, value_name = "S")]
+    /// are killed (default: 15; 10 under Slurm, inside its default KillWait of 30 s; at most
+    /// 3600). Under Slurm keep it under the site's KillWait (`scontrol show config`), after
+    /// which Slurm kills the runs itself.
+    #[arg(long, value_name = "S", value_parser = parse_stop_grace)]
     stop_grace: Option<f64>,
     #[command(flatten)]
     pub(crate) slurm: crate::slurm::SlurmArgs,
@@ -86,6 +88,14 @@ pub(crate) struct SweepArgs {
     /// `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}' --bs '{32,64}'`.
     #[arg(last = true, required_unless_present = "resume")]
     pub(crate) command: Vec<String>,
+}
+
+fn parse_stop_grace(s: &str) -> Result<f64, String> {
+    let max = ladle_scheduler::protocol::MAX_CANCEL_GRACE_S;
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=max).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds from 0 to {max}")),
+    }
 }
 
 fn parse_shard(s: &str) -> Result<Shard, String> {

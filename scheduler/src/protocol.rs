@@ -35,7 +35,10 @@ use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
+
+/// The longest grace a [`Request::Cancel`] may ask for, seconds (an hour).
+pub const MAX_CANCEL_GRACE_S: f64 = 3600.0;
 
 /// Longest request or response line, bytes.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -56,6 +59,11 @@ pub enum Request {
     Cancel {
         /// Job id.
         id: JobId,
+        /// Seconds a running job gets between SIGTERM and SIGKILL (time to checkpoint);
+        /// `None`: [`crate::daemon::CANCEL_GRACE`]. At most [`MAX_CANCEL_GRACE_S`]. Since
+        /// protocol version 5 (a sweep's `--stop-grace` was cut to 10 s before).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grace_s: Option<f64>,
     },
     /// Queue a held job (one a damaged journal line may concern: `JobState::Held`).
     Release {
@@ -567,7 +575,10 @@ mod tests {
 
     #[test]
     fn requests_round_trip_with_their_version() {
-        let req = Request::Cancel { id: 3 };
+        let req = Request::Cancel {
+            id: 3,
+            grace_s: None,
+        };
         let mut buf = Vec::new();
         write_frame(&mut buf, &req, Path::new("x")).unwrap();
         assert_eq!(

@@ -547,8 +547,15 @@ pub fn run(
         }
         if stop.load(Ordering::SeqCst) && cancelled_at.is_none() {
             say(node_ref, "stopping: cancelling every run");
+            // The scheduler gives each run the sweep's grace before its SIGKILL (before
+            // protocol version 5 its own 10 s cut a longer `--stop-grace` short).
+            let grace_s = Some(stop_grace.as_secs_f64());
             for run in runs.iter().filter(|r| r.ended.is_none()) {
-                let _ = scheduler.request(&Request::Cancel { id: run.id }, "cancelling");
+                let cancel = Request::Cancel {
+                    id: run.id,
+                    grace_s,
+                };
+                let _ = scheduler.request(&cancel, "cancelling");
             }
             cancelled_at = Some(Instant::now());
         }
@@ -709,7 +716,11 @@ fn wait_for_cores(
 /// kills the process groups of those it knows to be running.
 fn cancel_all(scheduler: &Scheduler, runs: &[Run]) {
     for run in runs.iter().filter(|r| r.ended.is_none()) {
-        let _ = scheduler.request(&Request::Cancel { id: run.id }, "cancelling");
+        let cancel = Request::Cancel {
+            id: run.id,
+            grace_s: None,
+        };
+        let _ = scheduler.request(&cancel, "cancelling");
     }
     kill_runs(runs);
 }

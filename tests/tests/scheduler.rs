@@ -322,6 +322,59 @@ fn cancel_drops_a_queued_job_and_stops_a_running_one() {
 }
 
 #[test]
+fn a_cancel_gives_a_running_job_the_grace_it_asks_for_then_sigkill() {
+    // `ladle sweep --stop-grace 15` once got 10 s: the scheduler's own grace cut it short.
+    let mut s = Scheduler::start(2, &[]);
+    let dir = s.dir_arg();
+    let job = |s: &mut Scheduler, name: &str, checkpoint_s: u32| {
+        let (ready, term, done) = (
+            s.file(&format!("{name}-ready")),
+            s.file(&format!("{name}-term")),
+            s.file(&format!("{name}-done")),
+        );
+        let script = format!(
+            "trap 'touch {term}; sleep {checkpoint_s}; touch {done}; exit 0' TERM; touch {ready}; \
+             while :; do sleep 0.1; done"
+        );
+        let id = s.submit(&[], &script);
+        wait_until(&format!("{name} ready"), GUARD, || {
+            Ok(Path::new(&ready).exists().then_some(()))
+        });
+        (id, term, done)
+    };
+    // Longer than the default 10 s, inside the 30 s asked for.
+    let (slow, slow_term, slow_done) = job(&mut s, "slow", 11);
+    // Far longer than the half second asked for.
+    let (killed, killed_term, killed_done) = job(&mut s, "killed", 60);
+    for (id, grace) in [(slow, "30"), (killed, "0.5")] {
+        let done = s.fx.run(
+            &["cancel", "--dir", &dir, &id.to_string(), "--grace", grace],
+            GUARD,
+        );
+        assert!(done.status.success(), "{}", done.stderr);
+    }
+    for id in [slow, killed] {
+        s.wait_for(id, &["cancelled"]);
+    }
+    assert!(Path::new(&slow_term).exists() && Path::new(&killed_term).exists());
+    assert!(
+        Path::new(&slow_done).exists(),
+        "the slow job was killed in its grace"
+    );
+    assert!(
+        !Path::new(&killed_done).exists(),
+        "the killed job was not killed"
+    );
+    // A grace that is no number of seconds is refused, naming the limit.
+    let bad = s.fx.run(
+        &["cancel", "--dir", &dir, &slow.to_string(), "--grace", "1e9"],
+        GUARD,
+    );
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("3600"), "{}", bad.stderr);
+}
+
+#[test]
 fn the_socket_is_private_and_garbage_on_it_gets_an_error_not_a_crash() {
     let mut s = Scheduler::start(1, &[]);
     let socket = s.dir().join("scheduler.sock");

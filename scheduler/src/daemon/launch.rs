@@ -17,7 +17,7 @@ use crate::policy::Placement;
 use crate::sys;
 use crate::telemetry::SimLoad;
 
-use super::{CANCEL_GRACE, Daemon, SIM_DEFAULT_SM};
+use super::{Daemon, SIM_DEFAULT_SM};
 
 /// The shell wrapper around every attempt (see the module docs). `$0` names the attempt,
 /// `$1` is the claim file, `$2` the status file, the rest the command.
@@ -39,8 +39,8 @@ exit $code
 pub(super) struct Live {
     /// The process, when this daemon started it (an adopted one is watched by pid).
     pub child: Option<Child>,
-    /// When `ladle cancel` sent SIGTERM.
-    pub cancel_at: Option<Instant>,
+    /// When `ladle cancel` sent SIGTERM, and the grace it gave before SIGKILL.
+    pub cancel_at: Option<(Instant, Duration)>,
     /// The daemon is stopping and took the job down with it
     /// ([`super::DaemonConfig::stop_jobs`]).
     pub stopping: bool,
@@ -350,8 +350,8 @@ impl Daemon {
                     cpu: None,
                 });
             }
-            if let (Some(at), Some(pid)) = (live.cancel_at, attempt.pid)
-                && at.elapsed() > CANCEL_GRACE
+            if let (Some((at, grace)), Some(pid)) = (live.cancel_at, attempt.pid)
+                && at.elapsed() > grace
             {
                 let _ = sys::signal_group(pid, rustix::process::Signal::KILL);
             }

@@ -30,11 +30,13 @@ use tokio::sync::oneshot;
 
 use crate::job::{JobId, JobSpec};
 use crate::journal::Record;
-use crate::protocol::{self, FeedSpec, MAX_FRAME, MAX_MESSAGE, Request, Response};
+use crate::protocol::{
+    self, FeedSpec, MAX_CANCEL_GRACE_S, MAX_FRAME, MAX_MESSAGE, Request, Response,
+};
 use crate::sys;
 
 use super::state::Stage;
-use super::{Daemon, DaemonError, Feed, Shared, now_unix};
+use super::{CANCEL_GRACE, Daemon, DaemonError, Feed, Shared, now_unix};
 
 /// Most connections served at once; more are refused with a reason.
 pub const MAX_CONNECTIONS: usize = 128;
@@ -307,7 +309,7 @@ impl Daemon {
             Request::Submit(spec) => self.submit(spec),
             Request::Queue => self.queue_view(),
             Request::Jobs(query) => self.jobs_page(&query),
-            Request::Cancel { id } => self.cancel(id),
+            Request::Cancel { id, grace_s } => self.cancel(id, grace_s),
             Request::Release { id } => self.release(id),
             Request::Logs { id } => self.logs(id),
             Request::RegisterFeed(feed) => self.register_feed(feed),
@@ -426,7 +428,18 @@ impl Daemon {
         Response::Submitted { id, estimate_mib }
     }
 
-    fn cancel(&mut self, id: JobId) -> Response {
+    fn cancel(&mut self, id: JobId, grace_s: Option<f64>) -> Response {
+        let grace = match grace_s {
+            None => CANCEL_GRACE,
+            Some(s) if (0.0..=MAX_CANCEL_GRACE_S).contains(&s) => Duration::from_secs_f64(s),
+            Some(s) => {
+                return Response::Error {
+                    message: format!(
+                        "a cancel's grace of {s} s is not between 0 and {MAX_CANCEL_GRACE_S} s"
+                    ),
+                };
+            }
+        };
         let Some(job) = self.jobs.jobs.get(&id) else {
             return Response::Error {
                 message: format!("no job {id}"),
@@ -453,7 +466,8 @@ impl Daemon {
                 {
                     tracing::warn!(job = id, "SIGTERM: {e}");
                 }
-                live.cancel_at.get_or_insert_with(Instant::now);
+                // A second cancel neither restarts nor stretches the first one's grace.
+                live.cancel_at.get_or_insert((Instant::now(), grace));
                 Response::Cancelled { id }
             }
             Stage::Ended(state) => Response::Error {
