@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use ladle_scheduler::allocation::parse_gpu_list;
+use ladle_scheduler::allocation::{AllocationError, GpuSelector, given_gpus, parse_gpu_list};
 use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
 use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::job::{JobSpec, JobState};
@@ -167,6 +167,29 @@ pub(crate) struct DaemonOptions {
 }
 
 impl DaemonOptions {
+    /// The GPUs to schedule and where they came from: `--gpus`, else those this process was
+    /// given (a Slurm allocation, `CUDA_VISIBLE_DEVICES`: [`given_gpus`]), else every GPU.
+    fn given_gpus(
+        &self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<(Option<Vec<GpuSelector>>, Option<String>)> {
+        if let Some(list) = &self.gpus {
+            return Ok((
+                Some(parse_gpu_list("--gpus", list)?),
+                Some(format!("--gpus {list}")),
+            ));
+        }
+        match given_gpus(get) {
+            Ok(Some((gpus, from))) => Ok((Some(gpus), Some(from))),
+            Ok(None) => Ok((None, None)),
+            // Simulated GPUs need no grant from Slurm.
+            Err(AllocationError::NoSlurmGpus { .. }) if self.simulated() => Ok((None, None)),
+            Err(e) => Err(e).context(
+                "reading the GPUs this process was given (pass --gpus LIST to choose them)",
+            ),
+        }
+    }
+
     /// Whether the GPUs are simulated (`--gpu sim`).
     pub(crate) fn simulated(&self) -> bool {
         self.gpu == GpuChoice::Sim
@@ -227,9 +250,7 @@ impl DaemonOptions {
             bail!("--tick-ms must be at least 1");
         }
         config.tick = std::time::Duration::from_millis(self.tick_ms);
-        if let Some(list) = &self.gpus {
-            config.allocated = Some(parse_gpu_list("--gpus", list)?);
-        }
+        (config.allocated, config.gpus_from) = self.given_gpus(|k| std::env::var(k).ok())?;
         config.log_dir = self.log_dir.clone();
         if !(self.keep_days.is_finite() && self.keep_days >= 0.0) {
             bail!("--keep-days must be a number ≥ 0");
@@ -375,6 +396,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         totals,
         omitted,
         admission_rounds,
+        gpus_from,
     } = response
     else {
         bail!("unexpected answer: {response:?}");
@@ -402,11 +424,19 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             totals,
             omitted,
             admission_rounds,
+            gpus_from,
         };
         crate::records::print_line(&serde_json::to_string(&answer)?)?;
         return Ok(());
     }
     println!("policy {policy}");
+    match &gpus_from {
+        Some(from) => println!(
+            "GPUs: the {} this scheduler was given, by {from}",
+            gpus.len()
+        ),
+        None => println!("GPUs: every GPU of this machine ({})", gpus.len()),
+    }
     // Jobs name GPUs by the scheduler's numbering, 0..k; under --gpus NVML's may differ.
     for (number, g) in gpus.iter().enumerate() {
         let note = if g.info.unsuitable.is_empty() {

@@ -438,7 +438,10 @@ fn draw_gpus(frame: &mut Frame<'_>, area: Rect, rows: &Rows) {
         .header(header_row(&[
             "GPU", "name", "memory", "util", "SM act", "risk", "jobs",
         ]))
-        .block(block(format!("GPUs ({})", rows.gpus.len())));
+        .block(block(match &rows.gpus_from {
+            Some(from) => format!("GPUs ({}, given by {from})", rows.gpus.len()),
+            None => format!("GPUs ({}, every GPU of this machine)", rows.gpus.len()),
+        }));
     frame.render_widget(table, area);
 }
 
@@ -693,6 +696,7 @@ mod tests {
             skimming: false,
         };
         Rows {
+            gpus_from: Some("CUDA_VISIBLE_DEVICES=0 (CUDA's order)".into()),
             time,
             feeds: vec![FeedRow {
                 time,
@@ -775,6 +779,8 @@ mod tests {
         ] {
             assert!(header.contains(part), "{header}");
         }
+        // The GPUs block says which GPUs the scheduler was given, and by what.
+        line("GPUs (1, given by CUDA_VISIBLE_DEVICES=0 (CUDA's order))");
         let gpu = line("Simulated GPU");
         for part in ["50%", "20.0G/40.0G", "0.25", "–"] {
             assert!(gpu.contains(part), "{gpu}");

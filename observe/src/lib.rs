@@ -118,12 +118,14 @@ impl Source for Sockets {
                     jobs,
                     gpus,
                     totals,
+                    gpus_from,
                     ..
                 }) => Ok(SchedulerView {
                     policy,
                     jobs,
                     gpus,
                     totals,
+                    gpus_from,
                 }),
                 Ok(other) => Err(format!("unexpected answer {other:?}")),
                 Err(e) => Err(e.to_string()),

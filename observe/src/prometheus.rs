@@ -480,6 +480,7 @@ mod tests {
 
     fn rows() -> Rows {
         Rows {
+            gpus_from: None,
             time: 1_700_000_000.5,
             feeds: vec![FeedRow {
                 time: 1.0,

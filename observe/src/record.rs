@@ -279,6 +279,7 @@ mod tests {
 
     fn rows(time: f64) -> Rows {
         Rows {
+            gpus_from: None,
             time,
             feeds: vec![FeedRow {
                 time,

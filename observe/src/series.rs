@@ -36,6 +36,9 @@ pub struct SchedulerView {
     pub gpus: Vec<GpuView>,
     /// Every job the scheduler knows, counted by state (what the counters report).
     pub totals: JobTotals,
+    /// Why the scheduler schedules these GPUs (`CUDA_VISIBLE_DEVICES=2,3`); `None`: every
+    /// GPU of the machine.
+    pub gpus_from: Option<String>,
 }
 
 /// One feed at one instant.
@@ -195,6 +198,8 @@ pub struct Rows {
     pub scheduler: Option<SchedulerRow>,
     /// One per GPU.
     pub gpus: Vec<GpuRow>,
+    /// Why the scheduler schedules these GPUs ([`SchedulerView::gpus_from`]).
+    pub gpus_from: Option<String>,
     /// One per job.
     pub jobs: Vec<JobRow>,
     /// What could not be read this time (a feed or the scheduler not answering), in words.
@@ -293,6 +298,7 @@ impl Rates {
 }
 
 fn scheduler_rows(time: f64, view: &SchedulerView, rows: &mut Rows) {
+    rows.gpus_from.clone_from(&view.gpus_from);
     // The counters are the scheduler's totals over every job; `jobs` lists only some.
     let t = &view.totals;
     let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);

@@ -1,9 +1,11 @@
-//! Which of a node's GPUs a daemon may use: the GPUs a Slurm allocation (or a person, with
-//! `ladle scheduler --gpus`) gives it, as [`GpuSelector`]s, and [`allocation_from_env`], which
-//! reads them from a Slurm job's environment.
+//! Which of a node's GPUs a daemon may use: the GPUs a Slurm allocation, a
+//! `CUDA_VISIBLE_DEVICES` (or a person, with `ladle scheduler --gpus`) gives it, as
+//! [`GpuSelector`]s, and [`given_gpus`] / [`allocation_from_env`], which read them from the
+//! environment.
 //!
 //! The daemon never reads the environment itself ([`crate::daemon::DaemonConfig::allocated`]
-//! is its caller's choice); `ladle sweep --slurm` calls [`allocation_from_env`].
+//! is its caller's choice): `ladle scheduler` and `ladle sweep` call [`given_gpus`] unless
+//! `--gpus` is given, a node of `ladle sweep --slurm` [`allocation_from_env`].
 //!
 //! ## Naming a GPU
 //! - [`GpuSelector::Uuid`]: `GPU-…`, one GPU on any machine and under any renumbering.
@@ -24,9 +26,14 @@
 //!    node's GPU 3; taking it for node indices would schedule GPUs the job does not hold.
 //!    Asking Slurm for GPUs as gres (`--gres=gpu:N`, `--gpus-per-node=N`) sets
 //!    `SLURM_JOB_GPUS`.
-//! 4. Outside Slurm: `Ok(None)`, every GPU of the machine (today's behaviour). A numeric
-//!    `CUDA_VISIBLE_DEVICES` is ignored there too: it counts in CUDA's order, which need
-//!    not be the device files'.
+//! 4. Outside Slurm, a numeric `CUDA_VISIBLE_DEVICES` (a workstation split between
+//!    colleagues, a cloud box with a job beside): [`GpuSelector::CudaIndex`]es, CUDA's device
+//!    numbers, which [`cuda_order`] maps onto the machine's GPUs. CUDA counts in PCI bus
+//!    order under `CUDA_DEVICE_ORDER=PCI_BUS_ID`; under its default (`FASTEST_FIRST`) it
+//!    puts the fastest first and equals in PCI bus order, so ladle takes PCI bus order when
+//!    every GPU is the same model and otherwise refuses, asking for `PCI_BUS_ID` or UUIDs
+//!    (which GPU CUDA measures fastest is not something NVML says).
+//! 5. Else `Ok(None)`: every GPU of the machine.
 //!
 //! A variable that is set but empty, Slurm's `NoDevFiles` (gres GPUs without a `File=`
 //! device, so no index names them), or anything else that does not parse is an
@@ -43,6 +50,14 @@ pub enum GpuSelector {
     Index(u32),
     /// The GPU with this UUID (`GPU-…`).
     Uuid(String),
+    /// The `index`th GPU as CUDA counts them in the process that named it: an entry of a
+    /// numeric `CUDA_VISIBLE_DEVICES` outside Slurm. Resolved by [`cuda_order`].
+    CudaIndex {
+        /// CUDA's device number.
+        index: u32,
+        /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` was set (else CUDA's default, `FASTEST_FIRST`).
+        pci_bus_order: bool,
+    },
 }
 
 impl fmt::Display for GpuSelector {
@@ -50,6 +65,7 @@ impl fmt::Display for GpuSelector {
         match self {
             Self::Index(i) => write!(f, "/dev/nvidia{i}"),
             Self::Uuid(uuid) => f.write_str(uuid),
+            Self::CudaIndex { index, .. } => write!(f, "CUDA device {index}"),
         }
     }
 }
@@ -93,12 +109,98 @@ pub enum AllocationError {
         /// `CUDA_VISIBLE_DEVICES` as found, or `unset`.
         cuda_visible_devices: String,
     },
+    /// A numeric `CUDA_VISIBLE_DEVICES` on a machine whose GPUs CUDA may order otherwise
+    /// than by PCI bus.
+    #[error(
+        "CUDA_VISIBLE_DEVICES counts GPUs in CUDA's order, which on this machine of different \
+         GPU models ({models}) is fastest first by CUDA's own measure, not known here: set \
+         CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA then counts in PCI bus order, as nvidia-smi does), \
+         or name the GPUs by UUID (nvidia-smi -L)"
+    )]
+    CudaOrderUnknown {
+        /// The models, comma-joined.
+        models: String,
+    },
+    /// A CUDA device number beyond the machine's GPUs.
+    #[error("CUDA_VISIBLE_DEVICES names CUDA device {index}; this machine has {count} GPUs")]
+    NoCudaDevice {
+        /// The number.
+        index: u32,
+        /// GPUs there are.
+        count: usize,
+    },
+}
+
+/// One GPU as [`cuda_order`] needs it: its PCI bus id (`00000000:3B:00.0`) and model name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciGpu {
+    /// NVML's PCI bus id.
+    pub bus_id: String,
+    /// NVML's name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+}
+
+/// The positions in `gpus` (NVML's list) of the GPUs CUDA numbers `0, 1, …`: by PCI bus id.
+/// That is CUDA's order under `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Under CUDA's default,
+/// `FASTEST_FIRST`, CUDA puts the GPUs it measures fastest first and orders equals by PCI
+/// bus id: the same order when every GPU is the same model, otherwise unknown here.
+///
+/// # Errors
+/// [`AllocationError::CudaOrderUnknown`] without `pci_bus_order` on a machine of several
+/// models.
+pub fn cuda_order(gpus: &[PciGpu], pci_bus_order: bool) -> Result<Vec<usize>, AllocationError> {
+    let mut models: Vec<&str> = gpus.iter().map(|g| g.name.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    if !pci_bus_order && models.len() > 1 {
+        return Err(AllocationError::CudaOrderUnknown {
+            models: models.join(", "),
+        });
+    }
+    let mut order: Vec<usize> = (0..gpus.len()).collect();
+    // Bus ids are fixed-width hex (domain:bus:device.function); case aside, text order is
+    // bus order.
+    order.sort_by_key(|&i| gpus[i].bus_id.to_ascii_lowercase());
+    Ok(order)
+}
+
+/// The NVML positions `selectors` name, for the CUDA device numbers among them; other
+/// selectors give `None`.
+///
+/// # Errors
+/// As [`cuda_order`], and [`AllocationError::NoCudaDevice`] for a number past the GPUs.
+pub fn resolve_cuda_indices(
+    selectors: &[GpuSelector],
+    gpus: &[PciGpu],
+) -> Result<Vec<Option<usize>>, AllocationError> {
+    let mut order = None;
+    selectors
+        .iter()
+        .map(|s| match s {
+            GpuSelector::CudaIndex {
+                index,
+                pci_bus_order,
+            } => {
+                let order = match &order {
+                    Some(o) => o,
+                    None => order.insert(cuda_order(gpus, *pci_bus_order)?),
+                };
+                (order.get(*index as usize).copied()).map(Some).ok_or(
+                    AllocationError::NoCudaDevice {
+                        index: *index,
+                        count: gpus.len(),
+                    },
+                )
+            }
+            _ => Ok(None),
+        })
+        .collect()
 }
 
 /// What a `CUDA_VISIBLE_DEVICES` value holds.
 enum Visible {
     Uuids(Vec<GpuSelector>),
-    Numeric,
+    Numeric(Vec<u32>),
 }
 
 fn invalid(var: &str, value: &str, why: &str) -> AllocationError {
@@ -157,8 +259,8 @@ fn parse_visible(var: &str, value: &str) -> Result<Visible, AllocationError> {
                 .collect(),
         )));
     }
-    if list.iter().all(|e| e.parse::<u32>().is_ok()) {
-        return Ok(Visible::Numeric);
+    if let Ok(numbers) = list.iter().map(|e| e.parse::<u32>()).collect() {
+        return Ok(Visible::Numeric(numbers));
     }
     Err(invalid(
         var,
@@ -232,25 +334,64 @@ pub fn parse_gpu_list(option: &str, value: &str) -> Result<Vec<GpuSelector>, All
 pub fn allocation_from_env(
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Vec<GpuSelector>>, AllocationError> {
+    Ok(given_gpus(get)?.map(|(gpus, _)| gpus))
+}
+
+/// [`allocation_from_env`], with where the GPUs came from as `ladle queue` says it:
+/// `CUDA_VISIBLE_DEVICES=2,3` or `SLURM_JOB_GPUS=1`.
+///
+/// # Errors
+/// As [`allocation_from_env`].
+pub fn given_gpus(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<(Vec<GpuSelector>, String)>, AllocationError> {
     const CVD: &str = "CUDA_VISIBLE_DEVICES";
+    let from = |var: &str, value: &str| format!("{var}={value}");
     let visible = get(CVD);
-    if let Some(value) = &visible
-        && let Visible::Uuids(uuids) = parse_visible(CVD, value)?
+    let numbers = match visible
+        .as_deref()
+        .map(|v| parse_visible(CVD, v))
+        .transpose()?
     {
-        return Ok(Some(uuids));
-    }
+        Some(Visible::Uuids(uuids)) => {
+            return Ok(Some((
+                uuids,
+                from(CVD, visible.as_deref().unwrap_or_default()),
+            )));
+        }
+        Some(Visible::Numeric(numbers)) => Some(numbers),
+        None => None,
+    };
     for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
         if let Some(value) = get(var) {
-            return parse_indices(var, &value).map(Some);
+            return parse_indices(var, &value).map(|gpus| Some((gpus, from(var, &value))));
         }
     }
-    match get("SLURM_JOB_ID") {
-        Some(job_id) => Err(AllocationError::NoSlurmGpus {
+    if let Some(job_id) = get("SLURM_JOB_ID") {
+        return Err(AllocationError::NoSlurmGpus {
             job_id,
             cuda_visible_devices: visible.map_or_else(|| "unset".to_owned(), |v| format!("{v:?}")),
-        }),
-        None => Ok(None),
+        });
     }
+    let pci_bus_order = get("CUDA_DEVICE_ORDER").as_deref() == Some("PCI_BUS_ID");
+    Ok(numbers.map(|numbers| {
+        let gpus = dedup(
+            numbers
+                .into_iter()
+                .map(|index| GpuSelector::CudaIndex {
+                    index,
+                    pci_bus_order,
+                })
+                .collect(),
+        );
+        let order = if pci_bus_order {
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+        } else {
+            "CUDA's order"
+        };
+        let value = visible.as_deref().unwrap_or_default();
+        (gpus, format!("{} ({order})", from(CVD, value)))
+    }))
 }
 
 #[cfg(test)]
@@ -276,9 +417,78 @@ mod tests {
         assert_eq!(from(&[]), Ok(None));
     }
 
+    fn cuda(index: u32, pci_bus_order: bool) -> GpuSelector {
+        GpuSelector::CudaIndex {
+            index,
+            pci_bus_order,
+        }
+    }
+
     #[test]
-    fn outside_slurm_a_numeric_cuda_visible_devices_is_ignored() {
-        assert_eq!(from(&[("CUDA_VISIBLE_DEVICES", "1,2")]), Ok(None));
+    fn outside_slurm_a_numeric_cuda_visible_devices_names_cuda_devices() {
+        assert_eq!(
+            from(&[("CUDA_VISIBLE_DEVICES", "2, 3,2")]),
+            Ok(Some(vec![cuda(2, false), cuda(3, false)]))
+        );
+        assert_eq!(
+            from(&[
+                ("CUDA_VISIBLE_DEVICES", "1"),
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            ]),
+            Ok(Some(vec![cuda(1, true)]))
+        );
+        // CUDA's own reading of an empty value: no GPU at all, never "every GPU".
+        assert!(from(&[("CUDA_VISIBLE_DEVICES", "")]).is_err());
+    }
+
+    fn pci(list: &[(&str, &str)]) -> Vec<PciGpu> {
+        (list.iter())
+            .map(|(bus_id, name)| PciGpu {
+                bus_id: (*bus_id).to_owned(),
+                name: (*name).to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cuda_counts_one_models_gpus_in_pci_bus_order_whatever_nvml_lists_first() {
+        let gpus = pci(&[
+            ("00000000:DB:00.0", "NVIDIA H100 80GB HBM3"),
+            ("00000000:1B:00.0", "NVIDIA H100 80GB HBM3"),
+            ("00000000:3b:00.0", "NVIDIA H100 80GB HBM3"),
+        ]);
+        for pci_bus_order in [false, true] {
+            assert_eq!(cuda_order(&gpus, pci_bus_order), Ok(vec![1, 2, 0]));
+        }
+        let selectors = [cuda(2, false), GpuSelector::Index(5), cuda(0, false)];
+        assert_eq!(
+            resolve_cuda_indices(&selectors, &gpus),
+            Ok(vec![Some(0), None, Some(1)])
+        );
+        let err = resolve_cuda_indices(&[cuda(3, false)], &gpus).unwrap_err();
+        assert_eq!(err, AllocationError::NoCudaDevice { index: 3, count: 3 });
+        assert!(err.to_string().contains("3 GPUs"), "{err}");
+    }
+
+    #[test]
+    fn on_mixed_models_cuda_order_is_known_only_in_pci_bus_order() {
+        let gpus = pci(&[
+            ("00000000:65:00.0", "NVIDIA A100-SXM4-80GB"),
+            ("00000000:17:00.0", "NVIDIA L4"),
+        ]);
+        let err = cuda_order(&gpus, false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("CUDA_DEVICE_ORDER=PCI_BUS_ID")
+                && text.contains("NVIDIA L4")
+                && text.contains("A100"),
+            "{text}"
+        );
+        assert_eq!(cuda_order(&gpus, true), Ok(vec![1, 0]));
+        assert_eq!(
+            resolve_cuda_indices(&[cuda(0, true)], &gpus),
+            Ok(vec![Some(1)])
+        );
     }
 
     #[test]

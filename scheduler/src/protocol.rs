@@ -35,7 +35,7 @@ use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 /// The longest grace a [`Request::Cancel`] may ask for, seconds (an hour).
 pub const MAX_CANCEL_GRACE_S: f64 = 3600.0;
@@ -353,6 +353,11 @@ pub enum Response {
         /// can wait for rounds to pass rather than for a time.
         #[serde(default)]
         admission_rounds: u64,
+        /// Why the daemon schedules these GPUs and no others (`CUDA_VISIBLE_DEVICES=2,3`,
+        /// `SLURM_JOB_GPUS=1`, `--gpus 0`); `None`: every GPU of the machine. Since protocol
+        /// version 6.
+        #[serde(default)]
+        gpus_from: Option<String>,
     },
     /// A page of the jobs a [`JobQuery`] asks for, by id ascending, as many as fit.
     Jobs {

@@ -452,6 +452,136 @@ fn without_a_gpu_driver_the_default_refuses_to_start_and_names_gpu_sim() {
     }
 }
 
+/// `ladle scheduler --gpu sim --sim-gpus 3 EXTRA` in the environment `env` (and nothing of
+/// the test's own GPU or Slurm variables), as a [`Scheduler`].
+fn scheduler_given(env: &[&str], extra: &[&str]) -> Scheduler {
+    let mut fx = Fixture::new();
+    let dir = fx.path().join("sched");
+    let dir_s = dir.to_str().unwrap().to_owned();
+    let mut argv = vec![
+        "env",
+        "-u",
+        "CUDA_VISIBLE_DEVICES",
+        "-u",
+        "CUDA_DEVICE_ORDER",
+        "-u",
+        "SLURM_JOB_ID",
+        "-u",
+        "SLURM_JOB_GPUS",
+        "-u",
+        "SLURM_STEP_GPUS",
+    ];
+    argv.extend(env);
+    argv.extend([
+        ladle_tests::ladle_bin().to_str().unwrap(),
+        "scheduler",
+        "--dir",
+        &dir_s,
+        "--gpu",
+        "sim",
+        "--sim-gpus",
+        "3",
+        "--settle-s",
+        "0",
+        "--tick-ms",
+        "100",
+    ]);
+    argv.extend(extra);
+    let daemon = fx.spawn_program(&argv);
+    wait_for_listener(
+        &dir.join("scheduler.sock"),
+        GUARD,
+        "ladle scheduler coming up",
+    );
+    Scheduler { fx, daemon }
+}
+
+#[test]
+fn a_scheduler_takes_only_the_gpus_its_process_was_given_and_says_why() {
+    // Simulated GPU i stands for CUDA device i; a UUID in a job's CUDA_VISIBLE_DEVICES says
+    // which it got.
+    let uuid = |i: u32| format!("GPU-00000000-0000-4000-8000-{i:012x}");
+    // (environment, options, the GPUs' UUIDs, why)
+    type Case<'a> = (&'a [&'a str], &'a [&'a str], Vec<String>, &'a str);
+    let cases: [Case<'_>; 4] = [
+        (&[], &[], (0..3).map(uuid).collect(), "every GPU"),
+        (
+            &["CUDA_VISIBLE_DEVICES=2,1"],
+            &[],
+            vec![uuid(2), uuid(1)],
+            "CUDA_VISIBLE_DEVICES=2,1 (CUDA's order)",
+        ),
+        // --gpus chooses whatever the environment says.
+        (
+            &["CUDA_VISIBLE_DEVICES=2,1"],
+            &["--gpus", "GPU-feed"],
+            vec!["GPU-simulated-GPU-feed".to_owned()],
+            "--gpus GPU-feed",
+        ),
+        // Inside a Slurm job, Slurm's devices (not CUDA's renumbered ones).
+        (
+            &[
+                "SLURM_JOB_ID=9",
+                "SLURM_JOB_GPUS=7",
+                "CUDA_VISIBLE_DEVICES=0",
+            ],
+            &[],
+            vec!["GPU-simulated-dev-nvidia7".to_owned()],
+            "SLURM_JOB_GPUS=7",
+        ),
+    ];
+    for (env, extra, uuids, why) in cases {
+        let mut s = scheduler_given(env, extra);
+        let q = s.queue();
+        let got: Vec<&str> = (q["gpus"].as_array().unwrap().iter())
+            .map(|g| g["uuid"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, uuids, "{env:?} {extra:?}: {q}");
+        match q["gpus_from"].as_str() {
+            Some(from) => assert_eq!(from, why, "{env:?}"),
+            None => assert_eq!(why, "every GPU", "{env:?}: {q}"),
+        }
+        let dir = s.dir_arg();
+        let text = s.fx.run(&["queue", "--dir", &dir], GUARD);
+        assert!(text.stdout.contains(why), "{env:?}: {}", text.stdout);
+        // Every job runs on the given GPUs only.
+        let out = s.file("cvd");
+        let id = s.submit(&[], &format!("echo $CUDA_VISIBLE_DEVICES > {out}"));
+        s.wait_for(id, &["succeeded"]);
+        let seen = std::fs::read_to_string(&out).unwrap();
+        assert!(uuids.iter().any(|u| seen.trim() == u), "{env:?}: {seen}");
+        s.fx.signal(s.daemon, 15);
+        s.fx.wait(s.daemon, GUARD);
+    }
+}
+
+#[test]
+fn a_cuda_device_the_machine_lacks_is_refused_naming_it() {
+    let mut fx = Fixture::new();
+    let dir = fx.path().join("sched");
+    let i = fx.spawn_program(&[
+        "env",
+        "-u",
+        "SLURM_JOB_ID",
+        "CUDA_VISIBLE_DEVICES=0,5",
+        ladle_tests::ladle_bin().to_str().unwrap(),
+        "scheduler",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--gpu",
+        "sim",
+        "--sim-gpus",
+        "2",
+    ]);
+    let done = fx.wait(i, GUARD);
+    assert!(!done.status.success());
+    assert!(
+        done.stderr.contains("CUDA device 5") && done.stderr.contains("2 GPUs"),
+        "{}",
+        done.stderr
+    );
+}
+
 #[test]
 fn a_sigkilled_daemon_restarts_and_no_job_is_lost_or_run_twice() {
     // One simulated GPU and the exclusive policy: jobs run one at a time, so at each kill

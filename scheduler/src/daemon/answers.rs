@@ -238,6 +238,7 @@ impl Daemon {
             totals: self.totals(),
             omitted: u64::MAX,
             admission_rounds: u64::MAX,
+            gpus_from: self.gpus_from.clone(),
         };
         let mut room = Room::after(&answer);
         let all = self.jobs.jobs.values();

@@ -66,6 +66,9 @@ pub struct DaemonConfig {
     /// daemon never reads the environment for this: its caller decides, e.g. with
     /// [`crate::allocation::allocation_from_env`].
     pub allocated: Option<Vec<GpuSelector>>,
+    /// Where [`DaemonConfig::allocated`] came from, as `ladle queue` and `top` say it
+    /// (`CUDA_VISIBLE_DEVICES=2,3`, `--gpus 0`); `None` with every GPU.
+    pub gpus_from: Option<String>,
     /// On stop, take the running jobs down: SIGTERM to their process groups, this long to
     /// end, then SIGKILL (see the module docs). `None`: they keep running and the next daemon
     /// on the directory adopts them.
@@ -103,6 +106,7 @@ impl DaemonConfig {
             dir,
             log_dir: None,
             allocated: None,
+            gpus_from: None,
             stop_jobs: None,
             policy: Policy::ladle(),
             gpu: GpuBackend::Nvml,

@@ -97,6 +97,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::allocation::{AllocationError, GpuSelector};
 use crate::job::JobId;
 use crate::journal::{Journal, JournalError, Record};
 use crate::mps::{Mps, MpsError};
@@ -174,6 +175,8 @@ struct Daemon {
     max_jobs: Vec<Option<usize>>,
     /// The GPUs are simulated (`--gpu sim`).
     simulated: bool,
+    /// Why these GPUs ([`DaemonConfig::gpus_from`]).
+    gpus_from: Option<String>,
     locked_until: Vec<f64>,
     engine: Admission,
     /// Admission rounds run with jobs queued (`Queue`'s `admission_rounds`).
@@ -269,6 +272,14 @@ fn open_telemetry(config: &DaemonConfig) -> Result<Box<dyn Telemetry>, Telemetry
         allocated: config.allocated.clone(),
     };
     let sim = |gpus: usize, memory_mib: u64| -> Result<Box<dyn Telemetry>, TelemetryError> {
+        // A CUDA device number selects simulated GPU `i` of `gpus`.
+        let beyond = (config.allocated.iter().flatten()).find_map(|s| match s {
+            GpuSelector::CudaIndex { index, .. } if *index as usize >= gpus => Some(*index),
+            _ => None,
+        });
+        if let Some(index) = beyond {
+            return Err(AllocationError::NoCudaDevice { index, count: gpus }.into());
+        }
         let mut sim = match &config.allocated {
             Some(allocated) => SimGpus::for_allocation(allocated, memory_mib),
             None => SimGpus::new(gpus, memory_mib),
@@ -391,6 +402,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
             .map(|g| g.collocation(mps.is_some()).max_jobs)
             .collect(),
         simulated,
+        gpus_from: config.gpus_from.clone(),
         locked_until: vec![f64::NEG_INFINITY; gpus.len()],
         gpus,
         telemetry,

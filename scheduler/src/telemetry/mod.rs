@@ -490,6 +490,10 @@ pub enum TelemetryError {
         /// Every GPU NVML sees: its device file and UUID.
         seen: String,
     },
+    /// The GPUs a numeric `CUDA_VISIBLE_DEVICES` names cannot be told apart or are not there
+    /// ([`crate::allocation::cuda_order`]).
+    #[error(transparent)]
+    Allocation(#[from] crate::allocation::AllocationError),
     /// A GPU index beyond the backend's GPUs.
     #[error("no GPU {gpu} (there are {count})")]
     NoSuchGpu {

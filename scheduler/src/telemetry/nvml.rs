@@ -38,7 +38,7 @@ use super::{
     ComputeMode, ComputeSource, GpuInfo, GpuSample, ProcessMemory, RawProcess, SampleGap,
     Telemetry, TelemetryError, collocation_note, merge_processes,
 };
-use crate::allocation::GpuSelector;
+use crate::allocation::{GpuSelector, PciGpu, resolve_cuda_indices};
 
 /// Whether and how the NVML backend uses DCGM for GPUs without GPM.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -122,7 +122,8 @@ impl NvmlTelemetry {
         let mut infos = Vec::new();
         let mut gpm_supported = Vec::new();
         let mut seen = Vec::new();
-        let mut matched = vec![false; options.allocated.as_ref().map_or(0, Vec::len)];
+        let allocated = cuda_indices_to_uuids(nvml, count, options.allocated.as_deref())?;
+        let mut matched = vec![false; allocated.as_ref().map_or(0, Vec::len)];
         for index in 0..count {
             let err = |call| {
                 move |source| TelemetryError::Nvml {
@@ -135,7 +136,7 @@ impl NvmlTelemetry {
                 .device_by_index(index)
                 .map_err(err("device_by_index"))?;
             let uuid = device.uuid().map_err(err("uuid"))?;
-            if let Some(allocated) = &options.allocated {
+            if let Some(allocated) = &allocated {
                 let minor = device.minor_number().ok();
                 seen.push(format!(
                     "{} {uuid}",
@@ -193,7 +194,7 @@ impl NvmlTelemetry {
             };
             infos.push(info);
         }
-        if let Some(allocated) = &options.allocated
+        if let Some(allocated) = &allocated
             && let Some((missing, _)) = allocated.iter().zip(&matched).find(|(_, m)| !**m)
         {
             return Err(TelemetryError::NotAllocated {
@@ -305,12 +306,58 @@ impl NvmlTelemetry {
     }
 }
 
-/// Whether `selector` names the GPU with device file `/dev/nvidia{minor}` and `uuid`.
+/// Whether `selector` names the GPU with device file `/dev/nvidia{minor}` and `uuid` (CUDA
+/// device numbers are UUIDs by now: [`cuda_indices_to_uuids`]).
 fn selects(selector: &GpuSelector, minor: Option<u32>, uuid: &str) -> bool {
     match selector {
         GpuSelector::Index(i) => minor == Some(*i),
         GpuSelector::Uuid(u) => u == uuid,
+        _ => false,
     }
+}
+
+/// `allocated` with each CUDA device number ([`GpuSelector::CudaIndex`]) replaced by the UUID
+/// of the GPU CUDA gives that number ([`crate::allocation::cuda_order`] over every GPU's PCI
+/// bus id and name).
+fn cuda_indices_to_uuids(
+    nvml: &Nvml,
+    count: u32,
+    allocated: Option<&[GpuSelector]>,
+) -> Result<Option<Vec<GpuSelector>>, TelemetryError> {
+    let Some(allocated) = allocated else {
+        return Ok(None);
+    };
+    if !(allocated.iter()).any(|s| matches!(s, GpuSelector::CudaIndex { .. })) {
+        return Ok(Some(allocated.to_vec()));
+    }
+    let mut gpus = Vec::new();
+    let mut uuids = Vec::new();
+    for index in 0..count {
+        let err = |call| {
+            move |source| TelemetryError::Nvml {
+                gpu: index,
+                call,
+                source,
+            }
+        };
+        let device = nvml
+            .device_by_index(index)
+            .map_err(err("device_by_index"))?;
+        gpus.push(PciGpu {
+            bus_id: device.pci_info().map_err(err("pci_info"))?.bus_id,
+            name: device.name().map_err(err("name"))?,
+        });
+        uuids.push(device.uuid().map_err(err("uuid"))?);
+    }
+    let positions = resolve_cuda_indices(allocated, &gpus)?;
+    Ok(Some(
+        (allocated.iter().zip(positions))
+            .map(|(s, at)| match at {
+                Some(at) => GpuSelector::Uuid(uuids[at].clone()),
+                None => s.clone(),
+            })
+            .collect(),
+    ))
 }
 
 /// SM activity, SM occupancy and DRAM bandwidth of one sample.

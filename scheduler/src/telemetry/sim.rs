@@ -181,13 +181,19 @@ impl SimGpus {
     /// One simulated GPU of `memory_mib` for each GPU of an allocation
     /// ([`crate::allocation`]), in its order, numbered `0..k`; each UUID says that it is
     /// simulated and which allocated GPU it stands for (`GPU-simulated-dev-nvidia2`,
-    /// `GPU-simulated-GPU-…`), so no job can take it for a real one.
+    /// `GPU-simulated-GPU-…`), so no job can take it for a real one; a CUDA device number
+    /// `i` (a numeric `CUDA_VISIBLE_DEVICES`) stands for simulated GPU `i` of
+    /// [`SimGpus::new`], with its UUID.
     pub fn for_allocation(allocated: &[GpuSelector], memory_mib: u64) -> Self {
         let mut sim = Self::new(allocated.len(), memory_mib);
         for (info, selector) in sim.infos.iter_mut().zip(allocated) {
             info.uuid = match selector {
                 GpuSelector::Index(i) => format!("GPU-simulated-dev-nvidia{i}"),
                 GpuSelector::Uuid(uuid) => format!("GPU-simulated-{uuid}"),
+                // Simulated GPU `index` of the machine, under the UUID `new` gives it.
+                GpuSelector::CudaIndex { index, .. } => {
+                    format!("GPU-00000000-0000-4000-8000-{index:012x}")
+                }
             };
             info.name = format!("sim-gpu-{} (for {selector})", info.index);
         }
