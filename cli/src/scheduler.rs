@@ -140,13 +140,17 @@ pub(crate) struct DaemonOptions {
     /// Telemetry and admission period, milliseconds (a 30-sample window spans 30 periods).
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     tick_ms: u64,
-    /// Schedule only these GPUs of the machine (default: all): comma-separated device
-    /// indices, N of /dev/nvidiaN as Slurm's SLURM_JOB_GPUS names them (not CUDA's
-    /// numbering), or UUIDs (GPU-…), e.g. `2,3` or `GPU-8932f937-…`. An MPS control daemon
-    /// started by the scheduler then sees only these; with simulated GPUs, one is simulated
-    /// per GPU listed. A GPU the machine does not have is an error.
+    /// Schedule only these GPUs of the machine: comma-separated device indices, N of
+    /// /dev/nvidiaN as Slurm's SLURM_JOB_GPUS names them (not CUDA's numbering), or UUIDs
+    /// (GPU-…), e.g. `2,3` or `GPU-8932f937-…`. Default: the GPUs this process was given (a
+    /// Slurm allocation, else CUDA_VISIBLE_DEVICES in CUDA's numbering), else every GPU. An
+    /// MPS control daemon started by the scheduler then sees only these; with simulated GPUs,
+    /// one is simulated per GPU listed. A GPU the machine does not have is an error.
     #[arg(long, value_name = "LIST")]
-    gpus: Option<String>,
+    only_gpus: Option<String>,
+    /// Gone: `--only-gpus LIST` (named apart from a job's or a run's GPU count).
+    #[arg(long = "gpus", hide = true, value_name = "LIST")]
+    old_gpus: Option<String>,
     /// Write jobs' stdout and stderr to DIR/ID/ATTEMPT.out and .err instead of the state
     /// directory (e.g. a shared submit directory; the claim and status files that keep
     /// launches exactly-once stay in the state directory). `ladle logs` reads them there.
@@ -167,16 +171,23 @@ pub(crate) struct DaemonOptions {
 }
 
 impl DaemonOptions {
-    /// The GPUs to schedule and where they came from: `--gpus`, else those this process was
+    /// The GPUs to schedule and where they came from: `--only-gpus`, else those this process was
     /// given (a Slurm allocation, `CUDA_VISIBLE_DEVICES`: [`given_gpus`]), else every GPU.
     fn given_gpus(
         &self,
         get: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<(Option<Vec<GpuSelector>>, Option<String>)> {
-        if let Some(list) = &self.gpus {
+        if let Some(list) = &self.old_gpus {
+            bail!(
+                "--gpus is now --only-gpus (the GPUs to schedule): --only-gpus {list}; the GPUs \
+                 each run or job needs at once are --gpus-per-run N (ladle sweep) and \
+                 --gpus-per-job N (ladle submit)"
+            );
+        }
+        if let Some(list) = &self.only_gpus {
             return Ok((
-                Some(parse_gpu_list("--gpus", list)?),
-                Some(format!("--gpus {list}")),
+                Some(parse_gpu_list("--only-gpus", list)?),
+                Some(format!("--only-gpus {list}")),
             ));
         }
         match given_gpus(get) {
@@ -185,7 +196,7 @@ impl DaemonOptions {
             // Simulated GPUs need no grant from Slurm.
             Err(AllocationError::NoSlurmGpus { .. }) if self.simulated() => Ok((None, None)),
             Err(e) => Err(e).context(
-                "reading the GPUs this process was given (pass --gpus LIST to choose them)",
+                "reading the GPUs this process was given (pass --only-gpus LIST to choose them)",
             ),
         }
     }
@@ -310,9 +321,12 @@ pub(crate) struct SubmitArgs {
     /// --lr 0.01` are one family).
     #[arg(long, value_name = "NAME")]
     family: Option<String>,
-    /// GPUs the job needs at once.
-    #[arg(long, default_value_t = 1)]
-    gpus: u32,
+    /// GPUs the job needs at once (a `torchrun --nproc_per_node 2` job: 2).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    gpus_per_job: u32,
+    /// Gone: `--gpus-per-job N` (named apart from a scheduler's `--only-gpus LIST`).
+    #[arg(long = "gpus", hide = true, value_name = "N")]
+    old_gpus: Option<String>,
     /// The producer feed the job consumes (`ladle serve --name NAME`, registered with this
     /// scheduler): the job gets its socket in LADLE_SOCKET, and consumers of one feed are
     /// placed together. A name no live feed has is refused.
@@ -341,12 +355,18 @@ pub(crate) fn parse_gpu_mem(arg: Option<&str>) -> anyhow::Result<Option<u64>> {
 }
 
 pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    if let Some(n) = &args.old_gpus {
+        bail!(
+            "--gpus is now --gpus-per-job (GPUs this job needs at once): --gpus-per-job {n}; \
+             a scheduler's GPUs to schedule are --only-gpus LIST"
+        );
+    }
     let gpu_mem_mib = parse_gpu_mem(args.gpu_mem.as_deref())?;
     let spec = JobSpec {
         command: args.command,
         cwd: std::env::current_dir().context("current directory")?,
         gpu_mem_mib,
-        gpus: args.gpus,
+        gpus: args.gpus_per_job,
         feed: args.feed,
         thread_percentage: args.thread_percentage,
         env: Vec::new(),
@@ -437,7 +457,7 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
         ),
         None => println!("GPUs: every GPU of this machine ({})", gpus.len()),
     }
-    // Jobs name GPUs by the scheduler's numbering, 0..k; under --gpus NVML's may differ.
+    // Jobs name GPUs by the scheduler's numbering, 0..k; under --only-gpus NVML's may differ.
     for (number, g) in gpus.iter().enumerate() {
         let note = if g.info.unsuitable.is_empty() {
             String::new()

@@ -49,6 +49,10 @@ pub(crate) struct SweepArgs {
     /// first run is measured and the others are packed by its peak.
     #[arg(long)]
     gpu_mem: Option<String>,
+    /// GPUs each run needs at once, all under the same admission and MPS rules (a `torchrun
+    /// --nproc_per_node 2` run: 2). The run gets their UUIDs in CUDA_VISIBLE_DEVICES.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) gpus_per_run: u32,
     /// The family the runs' measured memory is shared under (as `ladle submit --family`;
     /// default: the command with its arguments' values left out).
     #[arg(long, value_name = "NAME")]
@@ -247,6 +251,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         feed_name: args.feed_name.clone(),
         scheduler,
         gpu_mem_mib: crate::scheduler::parse_gpu_mem(args.gpu_mem.as_deref())?,
+        gpus_per_run: args.gpus_per_run,
         family: args.family.clone(),
         prices: Prices {
             cpu_hour: args.price_cpu_hour,

@@ -1,11 +1,11 @@
 //! Which of a node's GPUs a daemon may use: the GPUs a Slurm allocation, a
-//! `CUDA_VISIBLE_DEVICES` (or a person, with `ladle scheduler --gpus`) gives it, as
+//! `CUDA_VISIBLE_DEVICES` (or a person, with `ladle scheduler --only-gpus`) gives it, as
 //! [`GpuSelector`]s, and [`given_gpus`] / [`allocation_from_env`], which read them from the
 //! environment.
 //!
 //! The daemon never reads the environment itself ([`crate::daemon::DaemonConfig::allocated`]
 //! is its caller's choice): `ladle scheduler` and `ladle sweep` call [`given_gpus`] unless
-//! `--gpus` is given, a node of `ladle sweep --slurm` [`allocation_from_env`].
+//! `--only-gpus` is given, a node of `ladle sweep --slurm` [`allocation_from_env`].
 //!
 //! ## Naming a GPU
 //! - [`GpuSelector::Uuid`]: `GPU-…`, one GPU on any machine and under any renumbering.
@@ -77,7 +77,7 @@ pub enum AllocationError {
     /// A variable (or option) is set to something that names no GPU.
     #[error("{var}={value:?}: {why}")]
     Invalid {
-        /// The variable or option, e.g. `SLURM_JOB_GPUS` or `--gpus`.
+        /// The variable or option, e.g. `SLURM_JOB_GPUS` or `--only-gpus`.
         var: String,
         /// Its value.
         value: String,
@@ -101,7 +101,7 @@ pub enum AllocationError {
          CUDA_VISIBLE_DEVICES (it is {cuda_visible_devices}) say which GPUs this job holds; a \
          numeric CUDA_VISIBLE_DEVICES is not used, as Slurm may have renumbered it from 0. \
          Ask for GPUs as gres (`--gres=gpu:N` or `--gpus-per-node=N`), or pass the GPUs \
-         with `--gpus`"
+         with `--only-gpus`"
     )]
     NoSlurmGpus {
         /// `SLURM_JOB_ID`.
@@ -223,7 +223,7 @@ fn entries<'a>(var: &str, value: &'a str) -> Result<Vec<&'a str>, AllocationErro
             value,
             "Slurm's gres GPUs have no `File=` device on this node (gres.conf), so no device \
              index names them; ask the site to declare `File=/dev/nvidia[…]`, or pass the GPUs' \
-             UUIDs with `--gpus`",
+             UUIDs with `--only-gpus`",
         ));
     }
     let list: Vec<&str> = value.split(',').map(str::trim).collect();
@@ -291,7 +291,7 @@ fn parse_indices(var: &str, value: &str) -> Result<Vec<GpuSelector>, AllocationE
         .map(dedup)
 }
 
-/// Parses a list of GPUs as `ladle scheduler --gpus` takes it: comma-separated device
+/// Parses a list of GPUs as `ladle scheduler --only-gpus` takes it: comma-separated device
 /// indices (`/dev/nvidiaN`'s `N`) or UUIDs (`GPU-…`), mixed freely; repeats are dropped.
 /// `option` names what the list came from in errors.
 ///
@@ -614,7 +614,7 @@ mod tests {
     #[test]
     fn a_gpu_list_mixes_indices_and_uuids() {
         assert_eq!(
-            parse_gpu_list("--gpus", "0, GPU-ab,3"),
+            parse_gpu_list("--only-gpus", "0, GPU-ab,3"),
             Ok(vec![
                 GpuSelector::Index(0),
                 uuid("GPU-ab"),
@@ -622,8 +622,8 @@ mod tests {
             ])
         );
         for bad in ["", "0,x", "MIG-1", "-1"] {
-            let err = parse_gpu_list("--gpus", bad).unwrap_err();
-            assert!(err.to_string().starts_with("--gpus="), "{err}");
+            let err = parse_gpu_list("--only-gpus", bad).unwrap_err();
+            assert!(err.to_string().starts_with("--only-gpus="), "{err}");
         }
     }
 

@@ -17,7 +17,7 @@
 //! - bottom, OS and devices: [`sys`] (`/proc`, process groups, peer uid, lock file),
 //!   [`telemetry::nvml`] (libnvidia-ml loaded at run time), [`mps`]
 //!   (`nvidia-cuda-mps-control`), [`allocation`] (which of the node's GPUs a Slurm
-//!   allocation or `--gpus` gives the daemon);
+//!   allocation or `--only-gpus` gives the daemon);
 //! - building blocks: [`telemetry`] (one trait; NVML with GPM or DCGM, and simulated
 //!   backends), [`window`] (30-sample windows, CARMA's risk score), [`estimate`] (where a
 //!   memory estimate comes from: declared, measured per family, or a guess that limits

@@ -354,7 +354,7 @@ pub enum Response {
         #[serde(default)]
         admission_rounds: u64,
         /// Why the daemon schedules these GPUs and no others (`CUDA_VISIBLE_DEVICES=2,3`,
-        /// `SLURM_JOB_GPUS=1`, `--gpus 0`); `None`: every GPU of the machine. Since protocol
+        /// `SLURM_JOB_GPUS=1`, `--only-gpus 0`); `None`: every GPU of the machine. Since protocol
         /// version 6.
         #[serde(default)]
         gpus_from: Option<String>,

@@ -113,6 +113,8 @@ pub struct SweepConfig {
     pub scheduler: SchedulerChoice,
     /// Device memory each run needs per GPU, MiB (none: measured, then packed).
     pub gpu_mem_mib: Option<u64>,
+    /// GPUs each run needs at once (a `torchrun --nproc_per_node N` run: N).
+    pub gpus_per_run: u32,
     /// The family the runs' measured memory is shared under.
     pub family: Option<String>,
     /// Prices for the report.
@@ -321,6 +323,7 @@ pub fn run(
         feed_name,
         scheduler,
         gpu_mem_mib,
+        gpus_per_run,
         family,
         prices,
         stop_grace,
@@ -437,7 +440,7 @@ pub fn run(
             command: planned.args.clone(),
             cwd: cwd.clone(),
             gpu_mem_mib,
-            gpus: 1,
+            gpus: gpus_per_run,
             feed: Some(feed_name.clone()),
             thread_percentage: None,
             env: vec![

@@ -407,11 +407,38 @@ fn jobs_needing_more_gpus_than_exist_are_refused() {
     let mut s = Scheduler::start(2, &[]);
     let dir = s.dir_arg();
     let done = s.fx.run(
-        &["submit", "--dir", &dir, "--gpus", "3", "--", "true"],
+        &["submit", "--dir", &dir, "--gpus-per-job", "3", "--", "true"],
         GUARD,
     );
     assert!(!done.status.success());
     assert!(done.stderr.contains("3 GPUs"), "{}", done.stderr);
+}
+
+#[test]
+fn the_old_gpus_option_is_refused_naming_what_replaced_it() {
+    let mut s = Scheduler::start(1, &[]);
+    let dir = s.dir_arg();
+    let done = s.fx.run(
+        &["submit", "--dir", &dir, "--gpus", "2", "--", "true"],
+        GUARD,
+    );
+    assert!(!done.status.success());
+    assert!(done.stderr.contains("--gpus-per-job 2"), "{}", done.stderr);
+    let other = s.fx.path().join("other");
+    let done = s.fx.run(
+        &[
+            "scheduler",
+            "--dir",
+            other.to_str().unwrap(),
+            "--gpu",
+            "sim",
+            "--gpus",
+            "0",
+        ],
+        GUARD,
+    );
+    assert!(!done.status.success());
+    assert!(done.stderr.contains("--only-gpus 0"), "{}", done.stderr);
 }
 
 #[test]
@@ -511,12 +538,12 @@ fn a_scheduler_takes_only_the_gpus_its_process_was_given_and_says_why() {
             vec![uuid(2), uuid(1)],
             "CUDA_VISIBLE_DEVICES=2,1 (CUDA's order)",
         ),
-        // --gpus chooses whatever the environment says.
+        // --only-gpus chooses whatever the environment says.
         (
             &["CUDA_VISIBLE_DEVICES=2,1"],
-            &["--gpus", "GPU-feed"],
+            &["--only-gpus", "GPU-feed"],
             vec!["GPU-simulated-GPU-feed".to_owned()],
-            "--gpus GPU-feed",
+            "--only-gpus GPU-feed",
         ),
         // Inside a Slurm job, Slurm's devices (not CUDA's renumbered ones).
         (

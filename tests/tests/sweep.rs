@@ -384,3 +384,84 @@ fn shards_run_by_hand_split_the_grid_and_merge_into_one_report() {
     let consumed = report["feed"]["samples_consumed"].as_u64().unwrap();
     assert_eq!(consumed, 3 * 60, "{report}");
 }
+
+#[test]
+fn a_sweep_of_multi_gpu_runs_gives_each_run_the_gpus_it_asks_for() {
+    // A `torchrun --nproc_per_node 2` run needs two GPUs at once: each run here gets both
+    // simulated GPUs (sharing them, as their declared memory allows).
+    let mut fx = Fixture::new();
+    let data = fx.dataset(60, 32, 32);
+    let out = fx.path().join("sweep");
+    let seen = fx.path().join("seen");
+    std::fs::create_dir_all(&seen).unwrap();
+    let script = format!(
+        "echo \"$CUDA_VISIBLE_DEVICES\" > {}/$LADLE_RUN; exec \"$0\" \"$@\"",
+        seen.display()
+    );
+    let done = fx.run(
+        &[
+            "sweep",
+            "--dataset",
+            data.to_str().unwrap(),
+            "--image-size",
+            "32",
+            "--ring-mib",
+            "2",
+            "--gpu",
+            "sim",
+            "--sim-gpus",
+            "2",
+            "--gpus-per-run",
+            "2",
+            "--gpu-mem",
+            "1GiB",
+            "--settle-s",
+            "0",
+            "--tick-ms",
+            "100",
+            "--private-scheduler",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            &script,
+            ladle_bin().to_str().unwrap(),
+            "consume",
+            "--batch-size",
+            "{4,8}",
+            "--epochs",
+            "1",
+            "--json",
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let report: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    for run in report["runs"].as_array().unwrap() {
+        assert_eq!(run["exit_code"], 0, "{run}");
+        let name = run["name"].as_str().unwrap();
+        let cvd = std::fs::read_to_string(seen.join(name)).unwrap();
+        assert_eq!(cvd.trim().split(',').count(), 2, "{name}: {cvd}");
+    }
+    // A run cannot ask for no GPU.
+    let refused = fx.run(
+        &[
+            "sweep",
+            "--dataset",
+            data.to_str().unwrap(),
+            "--gpus-per-run",
+            "0",
+            "--",
+            "true",
+        ],
+        GUARD,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("--gpus-per-run"),
+        "{}",
+        refused.stderr
+    );
+}

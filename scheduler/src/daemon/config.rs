@@ -67,7 +67,7 @@ pub struct DaemonConfig {
     /// [`crate::allocation::allocation_from_env`].
     pub allocated: Option<Vec<GpuSelector>>,
     /// Where [`DaemonConfig::allocated`] came from, as `ladle queue` and `top` say it
-    /// (`CUDA_VISIBLE_DEVICES=2,3`, `--gpus 0`); `None` with every GPU.
+    /// (`CUDA_VISIBLE_DEVICES=2,3`, `--only-gpus 0`); `None` with every GPU.
     pub gpus_from: Option<String>,
     /// On stop, take the running jobs down: SIGTERM to their process groups, this long to
     /// end, then SIGKILL (see the module docs). `None`: they keep running and the next daemon
