@@ -339,14 +339,61 @@ pub(crate) struct SubmitArgs {
     /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the job, 1–100 (default: unset, all SMs).
     #[arg(long)]
     thread_percentage: Option<u32>,
+    /// The environment the job gets, as sbatch's --export: `ALL` (default) this shell's
+    /// whole environment (its venv, PYTHONPATH, HF_HOME, keys) and nothing of the
+    /// scheduler's; `NONE` the scheduler's own environment; `VAR,…` the scheduler's plus
+    /// these variables of this shell. ladle's variables (LADLE_JOB_ID, CUDA_VISIBLE_DEVICES,
+    /// MPS's) are set on top either way. At most 128 KiB.
+    #[arg(long, value_name = "ALL|NONE|VAR,…", default_value = "ALL")]
+    export: String,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
     /// The command, after `--`: run directly (not through a shell) in the current directory,
-    /// with the scheduler's environment plus LADLE_JOB_ID, CUDA_VISIBLE_DEVICES (GPU UUIDs)
+    /// with the environment --export says plus LADLE_JOB_ID, CUDA_VISIBLE_DEVICES (GPU UUIDs)
     /// and, under MPS, the MPS variables; stdout and stderr go to per-attempt log files.
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+/// The environment `--export` (`ALL`, `NONE` or `VAR,…`) gives a job out of `vars` (this
+/// process's), and whether it is the whole of it ([`JobSpec::whole_env`]). Variables whose
+/// name or value is not UTF-8 cannot cross the socket: left out with `ALL` (said on stderr),
+/// an error when named.
+pub(crate) fn export(
+    how: &str,
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> anyhow::Result<(Vec<(String, String)>, bool)> {
+    let vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = vars.collect();
+    let utf8 = |(n, v): &(std::ffi::OsString, std::ffi::OsString)| {
+        Some((n.to_str()?.to_owned(), v.to_str()?.to_owned()))
+    };
+    match how {
+        "ALL" => {
+            let mut env = Vec::with_capacity(vars.len());
+            for var in &vars {
+                match utf8(var) {
+                    Some(pair) => env.push(pair),
+                    None => eprintln!(
+                        "ladle: {} is not UTF-8 and is left out of the job's environment",
+                        var.0.to_string_lossy()
+                    ),
+                }
+            }
+            Ok((env, true))
+        }
+        "NONE" => Ok((Vec::new(), false)),
+        names => {
+            let mut env = Vec::new();
+            for name in names.split(',').map(str::trim) {
+                let Some(var) = vars.iter().find(|(n, _)| n == name) else {
+                    bail!("--export {names}: {name} is not set in this environment");
+                };
+                env.push(utf8(var).with_context(|| format!("--export: {name} is not UTF-8"))?);
+            }
+            Ok((env, false))
+        }
+    }
 }
 
 /// A job's `--gpu-mem` (as `ladle submit` and `ladle sweep` take it), in MiB.
@@ -362,6 +409,7 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         );
     }
     let gpu_mem_mib = parse_gpu_mem(args.gpu_mem.as_deref())?;
+    let (env, whole_env) = export(&args.export, std::env::vars_os())?;
     let spec = JobSpec {
         command: args.command,
         cwd: std::env::current_dir().context("current directory")?,
@@ -369,7 +417,8 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         gpus: args.gpus_per_job,
         feed: args.feed,
         thread_percentage: args.thread_percentage,
-        env: Vec::new(),
+        env,
+        whole_env,
         cpus: args.cpus,
         family: args.family,
     };

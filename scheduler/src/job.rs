@@ -28,6 +28,13 @@ pub struct JobSpec {
     /// without NUL ([`crate::protocol::Request::validate`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<(String, String)>,
+    /// `env` is the submitter's whole environment (`ladle submit --export ALL`, the default,
+    /// as `sbatch --export=ALL`): the job gets it and nothing of the scheduler's own. `false`:
+    /// the scheduler's environment plus `env` (`--export NONE` or a list of names). Journaled
+    /// with the job, so a job started after a scheduler restart gets it too. Ladle's own
+    /// variables (the GPUs', MPS's, `LADLE_JOB_*`) are set on top either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_env: bool,
     /// CPU cores the job keeps busy itself (a run with its own DataLoader workers, say): it
     /// is held while registered feeds' decode threads and running jobs' cores leave fewer
     /// free. A consumer of a feed states none: its decoding is the feed's.
@@ -51,6 +58,7 @@ impl JobSpec {
             feed: None,
             thread_percentage: None,
             env: Vec::new(),
+            whole_env: false,
             cpus: None,
             family: None,
         }

@@ -259,6 +259,12 @@ pub fn pinned_mem_limit(uuids: &[&str], limit_mib: u64) -> String {
         .join(",")
 }
 
+/// Whether ladle sets variable `name` for a job itself (`CUDA_VISIBLE_DEVICES`, `CUDA_MPS_*`):
+/// a submitter's value of it never reaches the job, which runs on its GPUs under its limits.
+pub fn sets(name: &str) -> bool {
+    name == "CUDA_VISIBLE_DEVICES" || name.starts_with("CUDA_MPS_")
+}
+
 /// The environment a job gets for its GPUs: their UUIDs in `CUDA_VISIBLE_DEVICES`, the MPS
 /// pinned-memory limit per GPU ([`pinned_mem_limit`]) when `limit_mib` is set, and the active
 /// thread percentage when asked.

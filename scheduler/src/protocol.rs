@@ -35,7 +35,12 @@ use crate::telemetry::GpuInfo;
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
+
+/// The most a submitted job's environment may hold, bytes (names, values and a separator and
+/// terminator each): 128 KiB, about Linux's own limit on one variable and far above a
+/// shell's usual few KiB, well inside a frame and a journal line.
+pub const MAX_ENV_BYTES: usize = 128 * 1024;
 
 /// The longest grace a [`Request::Cancel`] may ask for, seconds (an hour).
 pub const MAX_CANCEL_GRACE_S: f64 = 3600.0;
@@ -159,6 +164,10 @@ impl Request {
                         return Err(RequestError::BadEnvironment { name: name.clone() });
                     }
                 }
+                let bytes: usize = env.iter().map(|(n, v)| n.len() + v.len() + 2).sum();
+                if bytes > MAX_ENV_BYTES {
+                    return Err(RequestError::EnvironmentTooLarge { bytes });
+                }
                 Ok(())
             }
             _ => Ok(()),
@@ -200,6 +209,15 @@ pub enum RequestError {
     BadEnvironment {
         /// The variable's name.
         name: String,
+    },
+    /// A submit's environment is larger than [`MAX_ENV_BYTES`].
+    #[error(
+        "the job's environment is {bytes} bytes, more than the {MAX_ENV_BYTES} a job may carry: \
+         submit with --export NONE or --export VAR,… (the names it needs)"
+    )]
+    EnvironmentTooLarge {
+        /// Its size.
+        bytes: usize,
     },
     /// A feed name that is empty, longer than [`MAX_FEED_NAME`] characters, or holds control
     /// characters.
@@ -704,11 +722,21 @@ mod tests {
                 feed: None,
                 thread_percentage: None,
                 env: vec![(name.into(), value.into())],
+                whole_env: true,
                 cpus: None,
                 family: None,
             })
         };
         assert_eq!(spec("LADLE_SOCKET", "/tmp/s.sock").validate(), Ok(()));
+        // A whole environment is bounded.
+        let big = "x".repeat(MAX_ENV_BYTES);
+        assert_eq!(
+            spec("HUGE", &big).validate(),
+            Err(RequestError::EnvironmentTooLarge {
+                bytes: MAX_ENV_BYTES + 6
+            })
+        );
+        assert_eq!(spec("FITS", &big[..MAX_ENV_BYTES - 6]).validate(), Ok(()));
         for (name, value) in [("", "x"), ("A=B", "x"), ("A\0", "x"), ("A", "x\0y")] {
             assert!(
                 matches!(

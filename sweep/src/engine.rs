@@ -434,8 +434,23 @@ pub fn run(
         scheduler_feeds: false,
     })
     .map_err(SweepError::Observe)?;
+    // Each run gets the sweep's own environment (its venv, PYTHONPATH, keys), whichever
+    // scheduler starts it: a scheduler started earlier from another shell would otherwise
+    // give it that shell's. (A variable that is not UTF-8 cannot cross the socket.)
+    let sweep_env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(n, v)| Some((n.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
     let mut runs = Vec::new();
     for planned in todo {
+        let mut env = sweep_env.clone();
+        env.extend([
+            ("LADLE_SOCKET".into(), socket.display().to_string()),
+            ("LADLE_RUN".into(), planned.name.clone()),
+            (
+                "LADLE_CONNECT_TIMEOUT".into(),
+                RUN_CONNECT_TIMEOUT_S.to_string(),
+            ),
+        ]);
         let spec = JobSpec {
             command: planned.args.clone(),
             cwd: cwd.clone(),
@@ -443,14 +458,8 @@ pub fn run(
             gpus: gpus_per_run,
             feed: Some(feed_name.clone()),
             thread_percentage: None,
-            env: vec![
-                ("LADLE_SOCKET".into(), socket.display().to_string()),
-                ("LADLE_RUN".into(), planned.name.clone()),
-                (
-                    "LADLE_CONNECT_TIMEOUT".into(),
-                    RUN_CONNECT_TIMEOUT_S.to_string(),
-                ),
-            ],
+            env,
+            whole_env: true,
             cpus: None,
             family: family.clone(),
         };

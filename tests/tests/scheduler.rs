@@ -583,6 +583,88 @@ fn a_scheduler_takes_only_the_gpus_its_process_was_given_and_says_why() {
 }
 
 #[test]
+fn a_job_gets_its_submitters_environment_not_the_schedulers_and_no_secret_is_shown() {
+    let mut s = scheduler_given(&["FOO=scheduler", "ONLY_SCHEDULER=1"], &[]);
+    let dir = s.dir_arg();
+    let ladle = ladle_tests::ladle_bin().to_str().unwrap().to_owned();
+    let submit = |s: &mut Scheduler, export: &str, out: &str| -> u64 {
+        let script = format!(
+            "echo \"$FOO|$BAR|$ONLY_SCHEDULER|$CUDA_VISIBLE_DEVICES|$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\" > {out}"
+        );
+        let i = s.fx.spawn_program(&[
+            "env",
+            "FOO=submitter",
+            "BAR=bar",
+            "WANDB_API_KEY=s3cret-value",
+            "CUDA_VISIBLE_DEVICES=7",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M",
+            &ladle,
+            "submit",
+            "--dir",
+            &dir,
+            "--json",
+            "--export",
+            export,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let done = s.fx.wait(i, GUARD);
+        assert!(done.status.success(), "{}", done.stderr);
+        let v: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+        v["id"].as_u64().unwrap()
+    };
+    let gpu = "GPU-00000000-0000-4000-8000-";
+    for (export, want) in [
+        // As sbatch --export=ALL: the submitter's, nothing of the scheduler's.
+        ("ALL", "submitter|bar||"),
+        // Today's: the scheduler's.
+        ("NONE", "scheduler||1|"),
+        ("BAR", "scheduler|bar|1|"),
+    ] {
+        let out = s.file(&format!("env-{export}"));
+        let id = submit(&mut s, export, &out);
+        s.wait_for(id, &["succeeded"]);
+        let seen = std::fs::read_to_string(&out).unwrap();
+        // Whatever the submitter had, the job runs on its own GPU, under no limit of theirs.
+        assert!(
+            seen.starts_with(want) && seen.contains(gpu) && seen.trim_end().ends_with('|'),
+            "--export {export}: {seen:?}"
+        );
+    }
+    // No answer and no log of the scheduler shows a secret (nor the rest of a submitter's
+    // environment).
+    let dir_arg = s.dir_arg();
+    for args in [
+        vec!["queue", "--dir", &dir_arg, "--json"],
+        vec!["queue", "--dir", &dir_arg, "--json", "--all"],
+        vec!["queue", "--dir", &dir_arg],
+    ] {
+        let q = s.fx.run(&args, GUARD);
+        assert!(q.status.success(), "{}", q.stderr);
+        assert!(!q.stdout.contains("s3cret"), "{}", q.stdout);
+    }
+    // A named variable that is not set is refused, naming it.
+    let i = s.fx.spawn_program(&[
+        &ladle,
+        "submit",
+        "--dir",
+        &dir,
+        "--export",
+        "NOT_SET_ANYWHERE",
+        "--",
+        "true",
+    ]);
+    let done = s.fx.wait(i, GUARD);
+    assert!(!done.status.success());
+    assert!(done.stderr.contains("NOT_SET_ANYWHERE"), "{}", done.stderr);
+    s.fx.signal(s.daemon, 15);
+    let stopped = s.fx.wait(s.daemon, GUARD);
+    assert!(!stopped.stderr.contains("s3cret"), "{}", stopped.stderr);
+}
+
+#[test]
 fn a_cuda_device_the_machine_lacks_is_refused_naming_it() {
     let mut fx = Fixture::new();
     let dir = fx.path().join("sched");

@@ -114,6 +114,15 @@ fn cut_front(s: &mut String, max: usize) {
 /// `view` as it is when it is at most [`MAX_JOB_VIEW`] bytes; else with its command,
 /// environment, family and reason cut (and, if that is still not enough, replaced by a
 /// note of their size).
+/// Whether a variable's value is kept out of answers and logs: its name holds KEY, TOKEN,
+/// SECRET or PASSWORD, in any case.
+pub(crate) fn is_secret(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    ["KEY", "TOKEN", "SECRET", "PASSWORD"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
 pub(super) fn fit_view(mut view: JobView) -> JobView {
     if json_len(&view) <= MAX_JOB_VIEW {
         return view;
@@ -165,9 +174,14 @@ pub(super) fn fit_view(mut view: JobView) -> JobView {
 impl Daemon {
     /// How `ladle queue` shows `job`.
     fn job_view(&self, j: &Job) -> JobView {
+        // Of the environment, only ladle's variables (`LADLE_RUN` names a sweep's run): a
+        // submitter's whole environment is large and holds secrets.
+        let mut spec = j.spec.clone();
+        spec.env
+            .retain(|(name, _)| name.starts_with("LADLE_") && !is_secret(name));
         fit_view(JobView {
             id: j.id,
-            spec: j.spec.clone(),
+            spec,
             state: j.state(),
             estimate_mib: j.estimate.mib,
             basis: j.estimate.basis,

@@ -297,7 +297,14 @@ impl Daemon {
             .iter()
             .filter_map(|&g| self.gpus.get(g).map(|i| i.uuid.as_str()))
             .collect();
-        Command::new("/bin/sh")
+        let mut command = Command::new("/bin/sh");
+        if job.spec.whole_env {
+            // The submitter's environment, not the scheduler's.
+            command.env_clear();
+        }
+        // The job's own variables first: ladle's (its GPUs, MPS, its id) always win, so no
+        // environment can put a job on GPUs it was not given.
+        command
             .arg("-c")
             .arg(WRAPPER)
             .arg(format!("ladle-job-{id}.{attempt}"))
@@ -309,9 +316,13 @@ impl Daemon {
             .stdout(out)
             .stderr(err)
             .process_group(0)
+            .envs(
+                (job.spec.env.iter())
+                    .filter(|(name, _)| !mps::sets(name))
+                    .cloned(),
+            )
             .envs(self.mps_env.iter().cloned())
             .envs(mps::job_env(&uuids, limit_mib, job.spec.thread_percentage))
-            .envs(job.spec.env.iter().cloned())
             .env("LADLE_JOB_ID", id.to_string())
             .env("LADLE_JOB_ATTEMPT", attempt.to_string())
             .spawn()
