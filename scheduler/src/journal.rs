@@ -29,6 +29,7 @@ mod snapshot;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -320,11 +321,16 @@ impl Journal {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(JournalError::io(&compact_path(path), e)),
         }
+        // 0600: the journal holds jobs' environments, keys and tokens included, and a sweep's
+        // directory follows the umask.
         let file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
+            .mode(0o600)
             .open(path)
+            .map_err(io_err)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(io_err)?;
         let bytes = std::fs::read(path).map_err(io_err)?;
         let parsed = replay::parse(&bytes);
@@ -450,6 +456,7 @@ impl Journal {
             .truncate(true)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(&temp)
             .map_err(temp_err)?;
         let written = file.write_all(&bytes);

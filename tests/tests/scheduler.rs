@@ -659,6 +659,9 @@ fn a_job_gets_its_submitters_environment_not_the_schedulers_and_no_secret_is_sho
     let done = s.fx.wait(i, GUARD);
     assert!(!done.status.success());
     assert!(done.stderr.contains("NOT_SET_ANYWHERE"), "{}", done.stderr);
+    // The journal keeps the environments, for jobs started after a restart: its owner's only.
+    let journal = std::fs::metadata(s.dir().join("journal.jsonl")).unwrap();
+    assert_eq!(journal.permissions().mode() & 0o777, 0o600);
     s.fx.signal(s.daemon, 15);
     let stopped = s.fx.wait(s.daemon, GUARD);
     assert!(!stopped.stderr.contains("s3cret"), "{}", stopped.stderr);
