@@ -483,7 +483,14 @@ fn without_a_gpu_driver_the_default_refuses_to_start_and_names_gpu_sim() {
 /// the test's own GPU or Slurm variables), as a [`Scheduler`].
 fn scheduler_given(env: &[&str], extra: &[&str]) -> Scheduler {
     let mut fx = Fixture::new();
+    let daemon = spawn_given(&mut fx, env, extra);
+    Scheduler { fx, daemon }
+}
+
+/// [`scheduler_given`]'s daemon, in `fx`'s directory (a restart finds its journal there).
+fn spawn_given(fx: &mut Fixture, env: &[&str], extra: &[&str]) -> usize {
     let dir = fx.path().join("sched");
+    let _ = std::fs::remove_file(dir.join("scheduler.sock"));
     let dir_s = dir.to_str().unwrap().to_owned();
     let mut argv = vec![
         "env",
@@ -520,7 +527,48 @@ fn scheduler_given(env: &[&str], extra: &[&str]) -> Scheduler {
         GUARD,
         "ladle scheduler coming up",
     );
-    Scheduler { fx, daemon }
+    daemon
+}
+
+#[test]
+fn a_job_started_after_a_scheduler_restart_still_gets_its_submitters_environment() {
+    // One GPU, one job at a time: the job waits behind another while the scheduler is
+    // killed and a scheduler with another environment takes over.
+    let one = ["--policy", "exclusive", "--only-gpus", "GPU-aa"];
+    let mut s = scheduler_given(&["FOO=first-scheduler"], &one);
+    let blocker = s.submit(&[], "sleep 600");
+    s.wait_for(blocker, &["running"]);
+    let out = s.file("foo");
+    let dir = s.dir_arg();
+    let ladle = ladle_tests::ladle_bin().to_str().unwrap().to_owned();
+    let script = format!("echo \"$FOO\" > {out}");
+    let i = s.fx.spawn_program(&[
+        "env",
+        "FOO=submitter",
+        &ladle,
+        "submit",
+        "--dir",
+        &dir,
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let done = s.fx.wait(i, GUARD);
+    assert!(done.status.success(), "{}", done.stderr);
+    let id = serde_json::from_str::<Value>(done.stdout.trim()).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(s.job(id)["state"], "queued");
+    s.fx.signal(s.daemon, 9);
+    s.fx.wait(s.daemon, GUARD);
+    s.daemon = spawn_given(&mut s.fx, &["FOO=second-scheduler"], &one);
+    let cancel =
+        s.fx.run(&["cancel", "--dir", &dir, &blocker.to_string()], GUARD);
+    assert!(cancel.status.success(), "{}", cancel.stderr);
+    s.wait_for(id, &["succeeded"]);
+    assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "submitter");
 }
 
 #[test]
