@@ -16,6 +16,12 @@ from pathlib import Path
 
 import pytest
 
+# Started in the background of a script (`scripts/check &`, some CI runners), a test run
+# inherits SIGINT ignored: Python then never raises KeyboardInterrupt, nor do the processes the
+# tests start (an ignored signal stays ignored across exec). The Ctrl-C tests need Ctrl-C to
+# be Ctrl-C: a handler here is reset to the default in every child.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 REPO = Path(__file__).resolve().parents[3]
 DATASET_LEN = 600
 IMAGE = 32
