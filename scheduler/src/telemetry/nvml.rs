@@ -125,13 +125,7 @@ impl NvmlTelemetry {
         let allocated = cuda_indices_to_uuids(nvml, count, options.allocated.as_deref())?;
         let mut matched = vec![false; allocated.as_ref().map_or(0, Vec::len)];
         for index in 0..count {
-            let err = |call| {
-                move |source| TelemetryError::Nvml {
-                    gpu: index,
-                    call,
-                    source,
-                }
-            };
+            let err = |call| nvml_error(index, call);
             let device = nvml
                 .device_by_index(index)
                 .map_err(err("device_by_index"))?;
@@ -306,6 +300,11 @@ impl NvmlTelemetry {
     }
 }
 
+/// An NVML call `call` that failed on GPU `gpu`, as a [`TelemetryError::Nvml`].
+fn nvml_error(gpu: u32, call: &'static str) -> impl FnOnce(NvmlError) -> TelemetryError {
+    move |source| TelemetryError::Nvml { gpu, call, source }
+}
+
 /// Whether `selector` names the GPU with device file `/dev/nvidia{minor}` and `uuid` (CUDA
 /// device numbers are UUIDs by now: [`cuda_indices_to_uuids`]).
 fn selects(selector: &GpuSelector, minor: Option<u32>, uuid: &str) -> bool {
@@ -333,13 +332,7 @@ fn cuda_indices_to_uuids(
     let mut gpus = Vec::new();
     let mut uuids = Vec::new();
     for index in 0..count {
-        let err = |call| {
-            move |source| TelemetryError::Nvml {
-                gpu: index,
-                call,
-                source,
-            }
-        };
+        let err = |call| nvml_error(index, call);
         let device = nvml
             .device_by_index(index)
             .map_err(err("device_by_index"))?;
@@ -476,13 +469,7 @@ impl Telemetry for NvmlTelemetry {
         }
         // The backend's GPU `gpu` is NVML's GPU `index` (they differ under an allocation).
         let index = self.infos[gpu].index;
-        let err = |call| {
-            move |source| TelemetryError::Nvml {
-                gpu: index,
-                call,
-                source,
-            }
-        };
+        let err = |call| nvml_error(index, call);
         let device = self
             .nvml
             .device_by_index(index)
