@@ -343,7 +343,9 @@ pub(crate) struct SubmitArgs {
     /// whole environment (its venv, PYTHONPATH, HF_HOME, keys) and nothing of the
     /// scheduler's; `NONE` the scheduler's own environment; `VAR,…` the scheduler's plus
     /// these variables of this shell. ladle's variables (LADLE_JOB_ID, CUDA_VISIBLE_DEVICES,
-    /// MPS's) are set on top either way. At most 128 KiB.
+    /// MPS's) are set on top either way. At most 128 KiB. GPUs named in the environment
+    /// the job gets (CUDA_VISIBLE_DEVICES, a Slurm allocation) confine it to those of the
+    /// scheduler's GPUs; naming others is refused.
     #[arg(long, value_name = "ALL|NONE|VAR,…", default_value = "ALL")]
     export: String,
     /// Print the answer as JSON.

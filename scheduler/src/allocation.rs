@@ -129,6 +129,68 @@ pub enum AllocationError {
         /// GPUs there are.
         count: usize,
     },
+    /// A device file or UUID that no GPU of this machine has.
+    #[error("{gpu} is no GPU of this machine (it has {seen})")]
+    NotOnMachine {
+        /// The selector, as given.
+        gpu: String,
+        /// The machine's GPUs, `/dev/nvidiaN GPU-…`, comma-joined.
+        seen: String,
+    },
+}
+
+/// One GPU of the whole machine (every GPU NVML lists, whether or not a scheduler uses it),
+/// as [`machine_uuids`] needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineGpu {
+    /// Its device file's number (`/dev/nvidiaN`), when NVML says it.
+    pub minor: Option<u32>,
+    /// Its UUID.
+    pub uuid: String,
+    /// Its PCI bus id and model, for CUDA's numbering.
+    pub pci: PciGpu,
+}
+
+/// The UUIDs of the machine's GPUs that `selectors` name, in their order: a device file by
+/// its minor number, a UUID as itself, a CUDA device number through [`cuda_order`]. Used to
+/// place a job's own `CUDA_VISIBLE_DEVICES` among a scheduler's GPUs.
+///
+/// # Errors
+/// [`AllocationError::NotOnMachine`] for a device file or UUID no GPU has, and those of
+/// [`resolve_cuda_indices`].
+pub fn machine_uuids(
+    selectors: &[GpuSelector],
+    machine: &[MachineGpu],
+) -> Result<Vec<String>, AllocationError> {
+    let pci: Vec<PciGpu> = machine.iter().map(|g| g.pci.clone()).collect();
+    let cuda = resolve_cuda_indices(selectors, &pci)?;
+    (selectors.iter().zip(cuda))
+        .map(|(selector, at)| {
+            let found = match (selector, at) {
+                (_, Some(at)) => Some(&machine[at]),
+                (GpuSelector::Index(minor), None) => {
+                    machine.iter().find(|g| g.minor == Some(*minor))
+                }
+                (GpuSelector::Uuid(uuid), None) => machine.iter().find(|g| &g.uuid == uuid),
+                (GpuSelector::CudaIndex { .. }, None) => None,
+            };
+            found
+                .map(|g| g.uuid.clone())
+                .ok_or_else(|| AllocationError::NotOnMachine {
+                    gpu: selector.to_string(),
+                    seen: (machine.iter())
+                        .map(|g| {
+                            let file = g.minor.map_or_else(
+                                || "(no device file)".to_owned(),
+                                |m| format!("/dev/nvidia{m}"),
+                            );
+                            format!("{file} {}", g.uuid)
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+        })
+        .collect()
 }
 
 /// One GPU as [`cuda_order`] needs it: its PCI bus id (`00000000:3B:00.0`) and model name.
@@ -468,6 +530,47 @@ mod tests {
         let err = resolve_cuda_indices(&[cuda(3, false)], &gpus).unwrap_err();
         assert_eq!(err, AllocationError::NoCudaDevice { index: 3, count: 3 });
         assert!(err.to_string().contains("3 GPUs"), "{err}");
+    }
+
+    #[test]
+    fn a_jobs_gpus_are_found_on_the_machine_by_device_file_uuid_or_cuda_number() {
+        let bus = pci(&[
+            ("00000000:DB:00.0", "NVIDIA H100 80GB HBM3"),
+            ("00000000:1B:00.0", "NVIDIA H100 80GB HBM3"),
+        ]);
+        let machine: Vec<MachineGpu> = (bus.into_iter().enumerate())
+            .map(|(i, pci)| MachineGpu {
+                minor: Some(i as u32 + 4),
+                uuid: format!("GPU-{i}"),
+                pci,
+            })
+            .collect();
+        // NVML lists DB first; CUDA counts 1B (GPU-1) first.
+        let selectors = [
+            cuda(0, false),
+            GpuSelector::Index(4),
+            uuid("GPU-1"),
+            cuda(1, true),
+        ];
+        assert_eq!(
+            machine_uuids(&selectors, &machine),
+            Ok(vec!["GPU-1", "GPU-0", "GPU-1", "GPU-0"]
+                .into_iter()
+                .map(str::to_owned)
+                .collect())
+        );
+        for missing in [GpuSelector::Index(0), uuid("GPU-9")] {
+            let err = machine_uuids(std::slice::from_ref(&missing), &machine).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(&missing.to_string()) && text.contains("/dev/nvidia5 GPU-1"),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            machine_uuids(&[cuda(2, false)], &machine),
+            Err(AllocationError::NoCudaDevice { index: 2, count: 2 })
+        );
     }
 
     #[test]

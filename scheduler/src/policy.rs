@@ -502,6 +502,16 @@ pub struct Pending {
     pub exclusive: bool,
     /// The producer feed it consumes, if any.
     pub feed: Option<String>,
+    /// The only GPUs (positions in the scheduler's list) it may run on: those its
+    /// submitter's `CUDA_VISIBLE_DEVICES` names. `None`: any of the scheduler's.
+    pub only: Option<BTreeSet<usize>>,
+}
+
+impl Pending {
+    /// Whether it may run on GPU `i`.
+    fn may_use(&self, i: usize) -> bool {
+        self.only.as_ref().is_none_or(|only| only.contains(&i))
+    }
 }
 
 /// A decision: start `job` on `gpus`.
@@ -695,7 +705,9 @@ impl Admission {
 
     /// The GPUs a blocked head is waiting for, which backfill must leave alone.
     fn held_for(&self, now: f64, job: &Pending, gpus: &[GpuState]) -> BTreeSet<usize> {
-        let mut order: Vec<usize> = (0..gpus.len()).filter(|&i| !gpus[i].unusable).collect();
+        let mut order: Vec<usize> = (0..gpus.len())
+            .filter(|&i| !gpus[i].unusable && job.may_use(i))
+            .collect();
         if self.runs_alone(job) {
             order.sort_by_key(|&i| {
                 let g = &gpus[i];
@@ -726,7 +738,8 @@ impl Admission {
         let want = job.gpus.max(1) as usize;
         let open = |i: usize| {
             let g = &gpus[i];
-            !g.unusable
+            job.may_use(i)
+                && !g.unusable
                 && !g.exclusive_job
                 && g.unmeasured_jobs == 0
                 && g.jobs < self.policy.max_clients
@@ -1191,6 +1204,45 @@ mod tests {
         g[1].jobs = 1;
         assert!(admit("ladle", &[job(4, 7)], &mut g[1..].to_vec()).is_empty());
         assert_eq!(admit("ladle", &[job(5, 6)], &mut g[1..].to_vec()).len(), 1);
+    }
+
+    #[test]
+    fn a_job_confined_to_some_gpus_runs_only_there_and_waits_for_them() {
+        let only = |set: &[usize]| Some(set.iter().copied().collect::<BTreeSet<usize>>());
+        // GPUs 0 and 1 idle, 2 busy: a job confined to 2 and 3 goes to the idle 3.
+        let mut g = gpus(4);
+        busy(&mut g[2], 10, 0.3);
+        let confined = Pending {
+            only: only(&[2, 3]),
+            ..job(1, 4)
+        };
+        assert_eq!(admit("ladle", &[confined], &mut g.clone())[0].gpus, vec![3]);
+        // A two-GPU job confined to 1 and 3 gets exactly those.
+        let pair = Pending {
+            only: only(&[1, 3]),
+            ..wide(2, 4)
+        };
+        assert_eq!(admit("ladle", &[pair], &mut g.clone())[0].gpus, vec![1, 3]);
+        // Its only GPU unusable, it waits while every other GPU is idle.
+        g[3].unusable = true;
+        for policy in Policy::NAMES {
+            let waiting = Pending {
+                only: only(&[3]),
+                ..job(3, 4)
+            };
+            assert!(
+                admit(policy, &[waiting], &mut g.clone()).is_empty(),
+                "{policy}"
+            );
+        }
+        // Blocked at the head, it holds only GPUs it may use: backfill keeps the others.
+        let head = Pending {
+            only: only(&[3]),
+            ..job(4, 4)
+        };
+        let placed = admit("ladle", &[head, job(5, 4)], &mut g.clone());
+        assert_eq!(placed.len(), 1);
+        assert_eq!(placed[0].job, 5);
     }
 
     #[test]

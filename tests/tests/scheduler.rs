@@ -644,7 +644,8 @@ fn a_job_gets_its_submitters_environment_not_the_schedulers_and_no_secret_is_sho
             "FOO=submitter",
             "BAR=bar",
             "WANDB_API_KEY=s3cret-value",
-            "CUDA_VISIBLE_DEVICES=7",
+            // Inside the scheduler's GPUs (a GPU outside them is refused: the next test).
+            "CUDA_VISIBLE_DEVICES=1",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M",
             &ladle,
             "submit",
@@ -713,6 +714,90 @@ fn a_job_gets_its_submitters_environment_not_the_schedulers_and_no_secret_is_sho
     s.fx.signal(s.daemon, 15);
     let stopped = s.fx.wait(s.daemon, GUARD);
     assert!(!stopped.stderr.contains("s3cret"), "{}", stopped.stderr);
+}
+
+/// `ladle submit --json [ARGS] -- sh -c SCRIPT` in the test's environment plus `env`: the job's
+/// id, or what `ladle submit` printed on stderr when it refused.
+fn submit_in(s: &mut Scheduler, env: &[&str], args: &[&str], script: &str) -> Result<u64, String> {
+    let dir = s.dir_arg();
+    let ladle = ladle_tests::ladle_bin().to_str().unwrap().to_owned();
+    let mut argv = vec!["env", "-u", "CUDA_VISIBLE_DEVICES", "-u", "SLURM_JOB_ID"];
+    argv.extend(env);
+    argv.extend([ladle.as_str(), "submit", "--dir", &dir, "--json"]);
+    argv.extend(args);
+    argv.extend(["--", "sh", "-c", script]);
+    let i = s.fx.spawn_program(&argv);
+    let done = s.fx.wait(i, GUARD);
+    if !done.status.success() {
+        return Err(done.stderr);
+    }
+    let v: Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    Ok(v["id"].as_u64().unwrap())
+}
+
+#[test]
+fn a_job_runs_only_on_the_gpus_its_submitter_was_given_and_one_given_others_is_refused() {
+    // The scheduler has CUDA devices 2 and 1 of a simulated machine of 3 (its GPUs 0 and 1,
+    // in that order); simulated GPU i stands for CUDA device i.
+    let uuid = |i: u32| format!("GPU-00000000-0000-4000-8000-{i:012x}");
+    let mut s = scheduler_given(&["CUDA_VISIBLE_DEVICES=2,1"], &[]);
+    // (submitter's environment, options, the GPUs the job must see)
+    let u1 = format!("CUDA_VISIBLE_DEVICES={}", uuid(1));
+    let cases: [(&[&str], &[&str], &str); 4] = [
+        // Left to itself the scheduler would take its first GPU, CUDA device 2.
+        (&["CUDA_VISIBLE_DEVICES=1"], &[], &uuid(1)),
+        (&[&u1], &[], &uuid(1)),
+        (
+            &["CUDA_VISIBLE_DEVICES=1,2"],
+            &["--gpus-per-job", "2"],
+            &format!("{},{}", uuid(2), uuid(1)),
+        ),
+        // --export NONE: the submitter's GPUs do not come with the job, nor confine it.
+        (&["CUDA_VISIBLE_DEVICES=0"], &["--export", "NONE"], &uuid(2)),
+    ];
+    for (env, args, want) in cases {
+        let out = s.file("cvd");
+        let id = submit_in(
+            &mut s,
+            env,
+            args,
+            &format!("echo $CUDA_VISIBLE_DEVICES > {out}"),
+        )
+        .unwrap_or_else(|e| panic!("{env:?} {args:?} refused: {e}"));
+        s.wait_for(id, &["succeeded"]);
+        let seen = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(seen.trim(), want, "{env:?} {args:?}");
+    }
+    // A GPU of the machine the scheduler does not have: refused, naming both sets.
+    let err = submit_in(&mut s, &["CUDA_VISIBLE_DEVICES=0"], &[], "true").unwrap_err();
+    assert!(
+        err.contains("CUDA_VISIBLE_DEVICES=0")
+            && err.contains(&uuid(0))
+            && err.contains(&uuid(1))
+            && err.contains(&uuid(2))
+            && err.contains("given by CUDA_VISIBLE_DEVICES=2,1"),
+        "{err}"
+    );
+    // More GPUs than the submitter was given, and a device the machine lacks.
+    let err = submit_in(
+        &mut s,
+        &["CUDA_VISIBLE_DEVICES=1"],
+        &["--gpus-per-job", "2"],
+        "true",
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("asks for 2 GPUs") && err.contains("gives it 1"),
+        "{err}"
+    );
+    let err = submit_in(&mut s, &["CUDA_VISIBLE_DEVICES=5"], &[], "true").unwrap_err();
+    assert!(
+        err.contains("CUDA device 5") && err.contains("3 GPUs"),
+        "{err}"
+    );
+    // Nothing refused was queued: the four jobs above are all the scheduler knows.
+    let q = s.queue();
+    assert_eq!(q["jobs"].as_array().map_or(0, Vec::len), 4, "{q}");
 }
 
 #[test]

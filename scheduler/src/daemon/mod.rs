@@ -82,6 +82,7 @@
 mod answers;
 mod compact;
 mod config;
+mod confine;
 mod hold;
 mod launch;
 mod recover;
@@ -90,7 +91,7 @@ mod state;
 mod stop;
 mod telemetry;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,6 +178,9 @@ struct Daemon {
     simulated: bool,
     /// Why these GPUs ([`DaemonConfig::gpus_from`]).
     gpus_from: Option<String>,
+    /// The GPUs each queued job may use, from its own environment ([`confine`]); `None`:
+    /// any. Filled at submission and, for recovered jobs, before admission.
+    confined: BTreeMap<JobId, Option<BTreeSet<usize>>>,
     locked_until: Vec<f64>,
     engine: Admission,
     /// Admission rounds run with jobs queued (`Queue`'s `admission_rounds`).
@@ -281,7 +285,7 @@ fn open_telemetry(config: &DaemonConfig) -> Result<Box<dyn Telemetry>, Telemetry
             return Err(AllocationError::NoCudaDevice { index, count: gpus }.into());
         }
         let mut sim = match &config.allocated {
-            Some(allocated) => SimGpus::for_allocation(allocated, memory_mib),
+            Some(allocated) => SimGpus::for_allocation(allocated, gpus, memory_mib),
             None => SimGpus::new(gpus, memory_mib),
         };
         if let Some(scenario) = &config.sim_scenario {
@@ -403,6 +407,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
             .collect(),
         simulated,
         gpus_from: config.gpus_from.clone(),
+        confined: BTreeMap::new(),
         locked_until: vec![f64::NEG_INFINITY; gpus.len()],
         gpus,
         telemetry,

@@ -409,6 +409,10 @@ impl Daemon {
                 message: "the active thread percentage must be 1–100".to_owned(),
             };
         }
+        let only = match self.confinement(&spec) {
+            Ok(only) => only,
+            Err(message) => return Response::Error { message },
+        };
         let estimate = self.jobs.estimate_for(&spec, self.default_estimate_mib);
         let id = self.jobs.next_id;
         let estimate_mib = estimate.mib;
@@ -424,6 +428,7 @@ impl Daemon {
                 message: format!("{e}; job not accepted"),
             };
         }
+        self.confined.insert(id, only);
         tracing::info!(job = id, estimate_mib, basis = ?estimate.basis, "submitted");
         Response::Submitted { id, estimate_mib }
     }

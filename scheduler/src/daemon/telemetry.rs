@@ -283,6 +283,7 @@ impl Daemon {
             return;
         }
         self.admission_rounds += 1;
+        self.confine_queued();
         let now = self.now();
         let mut states = self.gpu_states();
         // Data-aware: feeds' decode threads and jobs that decode for themselves share the
@@ -311,6 +312,7 @@ impl Daemon {
                     gpus: j.spec.gpus,
                     exclusive: j.exclusive,
                     feed: j.spec.feed.clone(),
+                    only: self.confined.get(&j.id).cloned().flatten(),
                 }
             })
             .collect();

@@ -714,6 +714,7 @@ fn replay(
                 gpus: trace[q.job].gpus,
                 exclusive: q.exclusive,
                 feed: trace[q.job].feed.clone(),
+                only: None,
             })
             .collect();
         let placements = engine.admit(t, &pending, &mut states);

@@ -512,6 +512,16 @@ pub trait Telemetry: Send {
     /// Reads GPU `gpu` now.
     fn sample(&mut self, gpu: usize) -> Result<GpuSample, TelemetryError>;
 
+    /// The UUIDs of the machine's GPUs that `selectors` name, whether or not they are among
+    /// [`Telemetry::gpus`]: where a job's own `CUDA_VISIBLE_DEVICES` points.
+    ///
+    /// # Errors
+    /// [`crate::allocation::AllocationError`] for a GPU the machine lacks.
+    fn machine_uuids(
+        &self,
+        selectors: &[crate::allocation::GpuSelector],
+    ) -> Result<Vec<String>, crate::allocation::AllocationError>;
+
     /// The simulated GPUs behind this backend, if it is the simulated one: the daemon's
     /// `--gpu sim` mode tells them what each job holds.
     fn simulated(&mut self) -> Option<&mut SimGpus> {

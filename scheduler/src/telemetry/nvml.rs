@@ -38,7 +38,7 @@ use super::{
     ComputeMode, ComputeSource, GpuInfo, GpuSample, ProcessMemory, RawProcess, SampleGap,
     Telemetry, TelemetryError, collocation_note, merge_processes,
 };
-use crate::allocation::{GpuSelector, PciGpu, resolve_cuda_indices};
+use crate::allocation::{AllocationError, GpuSelector, MachineGpu, PciGpu, machine_uuids};
 
 /// Whether and how the NVML backend uses DCGM for GPUs without GPM.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -68,6 +68,9 @@ pub struct NvmlTelemetry {
     /// it; a daemon opens one backend for its whole life.
     nvml: &'static Nvml,
     infos: Vec<GpuInfo>,
+    /// Every GPU NVML lists, used or not, in NVML's order: where a job's own
+    /// `CUDA_VISIBLE_DEVICES` points ([`Telemetry::machine_uuids`]).
+    machine: Vec<MachineGpu>,
     /// The previous GPM sample of each GPU; `None` where GPM is unsupported or not yet read.
     gpm_previous: Vec<Option<GpmSample<'static>>>,
     gpm_supported: Vec<bool>,
@@ -119,29 +122,35 @@ impl NvmlTelemetry {
         if count == 0 {
             return Err(TelemetryError::NoGpus);
         }
-        let mut infos = Vec::new();
-        let mut gpm_supported = Vec::new();
-        let mut seen = Vec::new();
-        let allocated = cuda_indices_to_uuids(nvml, count, options.allocated.as_deref())?;
-        let mut matched = vec![false; allocated.as_ref().map_or(0, Vec::len)];
+        let mut machine = Vec::new();
         for index in 0..count {
             let err = |call| nvml_error(index, call);
             let device = nvml
                 .device_by_index(index)
                 .map_err(err("device_by_index"))?;
-            let uuid = device.uuid().map_err(err("uuid"))?;
+            machine.push(MachineGpu {
+                minor: device.minor_number().ok(),
+                uuid: device.uuid().map_err(err("uuid"))?,
+                pci: PciGpu {
+                    bus_id: device.pci_info().map_err(err("pci_info"))?.bus_id,
+                    name: device.name().unwrap_or_else(|_| "unknown".to_owned()),
+                },
+            });
+        }
+        let mut infos = Vec::new();
+        let mut gpm_supported = Vec::new();
+        let allocated = cuda_indices_to_uuids(&machine, options.allocated.as_deref())?;
+        let mut matched = vec![false; allocated.as_ref().map_or(0, Vec::len)];
+        for (index, gpu) in (0..count).zip(&machine) {
+            let err = |call| nvml_error(index, call);
+            let device = nvml
+                .device_by_index(index)
+                .map_err(err("device_by_index"))?;
+            let uuid = gpu.uuid.clone();
             if let Some(allocated) = &allocated {
-                let minor = device.minor_number().ok();
-                seen.push(format!(
-                    "{} {uuid}",
-                    minor.map_or_else(
-                        || format!("GPU {index} (minor number unknown)"),
-                        |m| format!("/dev/nvidia{m}")
-                    )
-                ));
                 let mut kept = false;
                 for (selector, matched) in allocated.iter().zip(&mut matched) {
-                    if selects(selector, minor, &uuid) {
+                    if selects(selector, gpu.minor, &uuid) {
                         *matched = true;
                         kept = true;
                     }
@@ -176,7 +185,7 @@ impl NvmlTelemetry {
             let mut info = GpuInfo::new(
                 index,
                 uuid,
-                device.name().unwrap_or_else(|_| "unknown".to_owned()),
+                gpu.pci.name.clone(),
                 device.memory_info().map_err(err("memory_info"))?.total / MIB,
             );
             info.unsuitable = unsuitable;
@@ -191,6 +200,15 @@ impl NvmlTelemetry {
         if let Some(allocated) = &allocated
             && let Some((missing, _)) = allocated.iter().zip(&matched).find(|(_, m)| !**m)
         {
+            let seen: Vec<String> = (machine.iter().zip(0..))
+                .map(|(g, index)| {
+                    let file = g.minor.map_or_else(
+                        || format!("GPU {index} (minor number unknown)"),
+                        |m| format!("/dev/nvidia{m}"),
+                    );
+                    format!("{file} {}", g.uuid)
+                })
+                .collect();
             return Err(TelemetryError::NotAllocated {
                 gpu: missing.to_string(),
                 seen: seen.join(", "),
@@ -202,6 +220,7 @@ impl NvmlTelemetry {
         let dcgm = start_dcgm(&options.dcgm, &mut infos);
         Ok(Self {
             nvml,
+            machine,
             gpm_previous: (0..infos.len()).map(|_| None).collect(),
             infos,
             gpm_supported,
@@ -319,38 +338,24 @@ fn selects(selector: &GpuSelector, minor: Option<u32>, uuid: &str) -> bool {
 /// of the GPU CUDA gives that number ([`crate::allocation::cuda_order`] over every GPU's PCI
 /// bus id and name).
 fn cuda_indices_to_uuids(
-    nvml: &Nvml,
-    count: u32,
+    machine: &[MachineGpu],
     allocated: Option<&[GpuSelector]>,
-) -> Result<Option<Vec<GpuSelector>>, TelemetryError> {
-    let Some(allocated) = allocated else {
-        return Ok(None);
-    };
-    if !(allocated.iter()).any(|s| matches!(s, GpuSelector::CudaIndex { .. })) {
-        return Ok(Some(allocated.to_vec()));
-    }
-    let mut gpus = Vec::new();
-    let mut uuids = Vec::new();
-    for index in 0..count {
-        let err = |call| nvml_error(index, call);
-        let device = nvml
-            .device_by_index(index)
-            .map_err(err("device_by_index"))?;
-        gpus.push(PciGpu {
-            bus_id: device.pci_info().map_err(err("pci_info"))?.bus_id,
-            name: device.name().map_err(err("name"))?,
-        });
-        uuids.push(device.uuid().map_err(err("uuid"))?);
-    }
-    let positions = resolve_cuda_indices(allocated, &gpus)?;
-    Ok(Some(
-        (allocated.iter().zip(positions))
-            .map(|(s, at)| match at {
-                Some(at) => GpuSelector::Uuid(uuids[at].clone()),
-                None => s.clone(),
-            })
-            .collect(),
-    ))
+) -> Result<Option<Vec<GpuSelector>>, AllocationError> {
+    allocated
+        .map(|allocated| {
+            (allocated.iter())
+                .map(|s| match s {
+                    GpuSelector::CudaIndex { .. } => {
+                        let uuid = machine_uuids(std::slice::from_ref(s), machine)?;
+                        Ok(GpuSelector::Uuid(
+                            uuid.into_iter().next().unwrap_or_default(),
+                        ))
+                    }
+                    other => Ok(other.clone()),
+                })
+                .collect()
+        })
+        .transpose()
 }
 
 /// SM activity, SM occupancy and DRAM bandwidth of one sample.
@@ -458,6 +463,10 @@ fn process_name(pid: u32) -> Option<String> {
 impl Telemetry for NvmlTelemetry {
     fn gpus(&self) -> &[GpuInfo] {
         &self.infos
+    }
+
+    fn machine_uuids(&self, selectors: &[GpuSelector]) -> Result<Vec<String>, AllocationError> {
+        machine_uuids(selectors, &self.machine)
     }
 
     fn sample(&mut self, gpu: usize) -> Result<GpuSample, TelemetryError> {

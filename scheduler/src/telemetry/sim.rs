@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::allocation::GpuSelector;
+use crate::allocation::{AllocationError, GpuSelector};
 
 use super::{
     ComputeMode, ComputeSource, GpuInfo, GpuSample, ProcessMemory, RawProcess, SampleGap,
@@ -149,6 +149,9 @@ enum Failing {
 #[derive(Debug, Clone)]
 pub struct SimGpus {
     infos: Vec<GpuInfo>,
+    /// GPUs the simulated machine has (more than `infos` under an allocation): CUDA device
+    /// numbers past it name no GPU.
+    machine: usize,
     loads: Vec<BTreeMap<u64, SimLoad>>,
     foreign: Vec<Vec<SimProcess>>,
     failing: Vec<BTreeMap<SimCall, Failing>>,
@@ -172,6 +175,7 @@ impl SimGpus {
             .collect();
         Self {
             infos,
+            machine: count,
             loads: vec![BTreeMap::new(); count],
             foreign: vec![Vec::new(); count],
             failing: vec![BTreeMap::new(); count],
@@ -179,25 +183,33 @@ impl SimGpus {
     }
 
     /// One simulated GPU of `memory_mib` for each GPU of an allocation
-    /// ([`crate::allocation`]), in its order, numbered `0..k`; each UUID says that it is
-    /// simulated and which allocated GPU it stands for (`GPU-simulated-dev-nvidia2`,
-    /// `GPU-simulated-GPU-…`), so no job can take it for a real one; a CUDA device number
-    /// `i` (a numeric `CUDA_VISIBLE_DEVICES`) stands for simulated GPU `i` of
-    /// [`SimGpus::new`], with its UUID.
-    pub fn for_allocation(allocated: &[GpuSelector], memory_mib: u64) -> Self {
+    /// ([`crate::allocation`]) on a simulated machine of `machine_gpus`, in its order,
+    /// numbered `0..k`; each UUID says that it is simulated and which allocated GPU it stands
+    /// for (`GPU-simulated-dev-nvidia2`, `GPU-simulated-GPU-…`), so no job can take it for a
+    /// real one; a CUDA device number `i` (a numeric `CUDA_VISIBLE_DEVICES`) stands for
+    /// simulated GPU `i` of [`SimGpus::new`], with its UUID ([`SimGpus::uuid_of`]).
+    pub fn for_allocation(allocated: &[GpuSelector], machine_gpus: usize, memory_mib: u64) -> Self {
         let mut sim = Self::new(allocated.len(), memory_mib);
+        sim.machine = machine_gpus.max(allocated.len());
         for (info, selector) in sim.infos.iter_mut().zip(allocated) {
-            info.uuid = match selector {
-                GpuSelector::Index(i) => format!("GPU-simulated-dev-nvidia{i}"),
-                GpuSelector::Uuid(uuid) => format!("GPU-simulated-{uuid}"),
-                // Simulated GPU `index` of the machine, under the UUID `new` gives it.
-                GpuSelector::CudaIndex { index, .. } => {
-                    format!("GPU-00000000-0000-4000-8000-{index:012x}")
-                }
-            };
+            info.uuid = Self::uuid_of(selector);
             info.name = format!("sim-gpu-{} (for {selector})", info.index);
         }
         sim
+    }
+
+    /// The UUID of the simulated GPU `selector` names: device file `i` is
+    /// `GPU-simulated-dev-nvidia{i}`, a UUID `u` is `GPU-simulated-{u}`, CUDA device `i` is
+    /// [`SimGpus::new`]'s GPU `i`.
+    pub fn uuid_of(selector: &GpuSelector) -> String {
+        match selector {
+            GpuSelector::Index(i) => format!("GPU-simulated-dev-nvidia{i}"),
+            GpuSelector::Uuid(uuid) if uuid.starts_with("GPU-simulated-") => uuid.clone(),
+            GpuSelector::Uuid(uuid) => format!("GPU-simulated-{uuid}"),
+            GpuSelector::CudaIndex { index, .. } => {
+                format!("GPU-00000000-0000-4000-8000-{index:012x}")
+            }
+        }
     }
 
     /// Applies `scenario`.
@@ -353,6 +365,25 @@ impl SimGpus {
 impl Telemetry for SimGpus {
     fn gpus(&self) -> &[GpuInfo] {
         &self.infos
+    }
+
+    /// A simulated GPU's own UUID names it; otherwise as [`SimGpus::uuid_of`], with CUDA
+    /// device numbers counted on the simulated machine.
+    fn machine_uuids(&self, selectors: &[GpuSelector]) -> Result<Vec<String>, AllocationError> {
+        (selectors.iter())
+            .map(|s| match s {
+                GpuSelector::CudaIndex { index, .. } if *index as usize >= self.machine => {
+                    Err(AllocationError::NoCudaDevice {
+                        index: *index,
+                        count: self.machine,
+                    })
+                }
+                GpuSelector::Uuid(uuid) if self.infos.iter().any(|g| &g.uuid == uuid) => {
+                    Ok(uuid.clone())
+                }
+                _ => Ok(Self::uuid_of(s)),
+            })
+            .collect()
     }
 
     fn sample(&mut self, gpu: usize) -> Result<GpuSample, TelemetryError> {
@@ -682,7 +713,7 @@ mod tests {
             GpuSelector::Index(2),
             GpuSelector::Uuid("GPU-8932f937".to_owned()),
         ];
-        let sim = SimGpus::for_allocation(&allocated, 1000);
+        let sim = SimGpus::for_allocation(&allocated, 8, 1000);
         let gpus = sim.gpus();
         assert_eq!(gpus.len(), 2);
         assert_eq!(gpus[0].index, 0);
