@@ -56,6 +56,22 @@ pub enum MpsError {
         #[source]
         source: std::io::Error,
     },
+    /// Another user's MPS control daemon or server runs on this machine.
+    #[error(
+        "another user's MPS runs on this machine ({program}, pid {pid}, uid {uid}): NVIDIA \
+         supports one MPS control daemon per node, whose servers serve one user at a time, so \
+         a second user's daemon would fight it over the GPUs. Ask its owner, or the machine's \
+         administrator (who can run one daemon for every user), or run with --mps off (jobs \
+         then time-share the GPUs)"
+    )]
+    OtherUser {
+        /// Its program, `nvidia-cuda-mps-control` or `nvidia-cuda-mps-server`.
+        program: String,
+        /// Its pid.
+        pid: u32,
+        /// Its owner.
+        uid: u32,
+    },
     /// The control program ran and failed.
     #[error("`{CONTROL} {args}` failed with {status}: {stderr}")]
     Failed {
@@ -75,6 +91,28 @@ pub struct Mps {
     pipe_dir: PathBuf,
     log_dir: PathBuf,
     started_here: bool,
+}
+
+/// The first of `processes` (the machine's `nvidia-cuda-mps*` processes) that belongs to a
+/// user other than `me`, as [`MpsError::OtherUser`]: MPS must not be started or adopted
+/// beside it. NVIDIA's MPS documentation ("Appendix: Common Tasks", "On a Multi-user
+/// System") says only one control daemon should run per node; the control daemon starts one
+/// server per user and serves a second user only once the first one's server has no clients
+/// left (`nvidia-cuda-mps-control(1)`). One daemon per user, each with its own pipe
+/// directory, is therefore not supported; ladle refuses it by name instead of failing later
+/// inside the users' jobs.
+///
+/// # Errors
+/// [`MpsError::OtherUser`] naming the first such process.
+pub fn check_no_other_user(processes: &[crate::sys::Owned], me: u32) -> Result<(), MpsError> {
+    match processes.iter().find(|p| p.uid != me) {
+        Some(p) => Err(MpsError::OtherUser {
+            program: p.program.clone(),
+            pid: p.pid,
+            uid: p.uid,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Finds an executable named `name` on `PATH`.
@@ -112,6 +150,10 @@ impl Mps {
         allocated: Option<&[String]>,
     ) -> Result<Self, MpsError> {
         let control = which(program).ok_or(MpsError::NotFound)?;
+        check_no_other_user(
+            &crate::sys::processes_named("nvidia-cuda-mps"),
+            crate::sys::my_uid(),
+        )?;
         let pipe_dir = state_dir.join("mps").join("pipe");
         let log_dir = state_dir.join("mps").join("log");
         for dir in [&pipe_dir, &log_dir] {
@@ -333,6 +375,27 @@ mod tests {
     fn without_a_limit_only_the_gpus_are_set() {
         let env = job_env(&["GPU-aaa"], None, None);
         assert_eq!(env.len(), 1);
+    }
+
+    #[test]
+    fn another_users_mps_process_is_refused_by_name_and_our_own_is_not() {
+        let owned = |pid, uid, program: &str| crate::sys::Owned {
+            pid,
+            uid,
+            program: program.to_owned(),
+        };
+        let ours = [owned(10, 1000, "nvidia-cuda-mps-control")];
+        assert!(check_no_other_user(&ours, 1000).is_ok());
+        let both = [ours[0].clone(), owned(20, 1001, "nvidia-cuda-mps-server")];
+        let err = check_no_other_user(&both, 1000).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("pid 20")
+                && text.contains("uid 1001")
+                && text.contains("nvidia-cuda-mps-server")
+                && text.contains("--mps off"),
+            "{text}"
+        );
     }
 
     #[test]

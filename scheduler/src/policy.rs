@@ -1254,6 +1254,7 @@ mod tests {
             compute: true,
             mps: false,
             name: Some(name.to_owned()),
+            other_user: false,
         };
         let mut windows = GpuWindows::default();
         windows.push(GpuSample {

@@ -435,6 +435,20 @@ pub enum Response {
     },
 }
 
+/// What to check after an OS error on the scheduler's socket.
+fn io_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            " (the socket, or a folder above it, belongs to another user: each user runs their \
+             own scheduler)"
+        }
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            " (is `ladle scheduler` running?)"
+        }
+        _ => "",
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct Frame<T> {
     v: u32,
@@ -447,7 +461,7 @@ struct Frame<T> {
 #[non_exhaustive]
 pub enum ProtocolError {
     /// Connecting, reading or writing failed.
-    #[error("scheduler socket {path}: {source} (is `ladle scheduler` running?)")]
+    #[error("scheduler socket {path}: {source}{}", io_hint(source))]
     Io {
         /// The socket.
         path: PathBuf,

@@ -74,6 +74,51 @@ pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
     Ok(rustix::net::sockopt::socket_peercred(sock)?.uid.as_raw())
 }
 
+/// Process `pid`'s owner (the uid of `/proc/PID`), `None` when it does not exist.
+pub fn owner(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// One process of the machine as [`processes_named`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owned {
+    /// Its pid.
+    pub pid: u32,
+    /// Its owner.
+    pub uid: u32,
+    /// Its program (the file name of `argv[0]`).
+    pub program: String,
+}
+
+/// Every process this pid namespace shows whose program (the file name of `argv[0]`, which
+/// `/proc/PID/cmdline` gives for every user's process unless `/proc` is mounted with
+/// `hidepid`) starts with `prefix`.
+pub fn processes_named(prefix: &str) -> Vec<Owned> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let argv0 = cmdline.split(|&b| b == 0).next()?;
+            let program = String::from_utf8_lossy(argv0);
+            let program = program.rsplit('/').next()?.to_owned();
+            if !program.starts_with(prefix) {
+                return None;
+            }
+            Some(Owned {
+                pid,
+                uid: owner(pid)?,
+                program,
+            })
+        })
+        .collect()
+}
+
 /// This process's effective uid.
 pub fn my_uid() -> u32 {
     rustix::process::geteuid().as_raw()

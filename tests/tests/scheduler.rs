@@ -1261,3 +1261,49 @@ fn a_gpu_in_exclusive_process_mode_without_mps_runs_one_job_at_a_time() {
     std::fs::write(&release, "").unwrap();
     s.wait_for(second, &["succeeded"]);
 }
+
+#[test]
+fn under_its_mps_a_scheduler_leaves_a_gpu_to_another_users_mps_server() {
+    // Every GPU shows another user's MPS server (NVIDIA's MPS serves one user per GPU at a
+    // time). Under this scheduler's own MPS (a stand-in control program) a job waits; without
+    // MPS it shares the GPU as with any other user's process.
+    let server = r#"{"pid": 999998, "mem_mib": 300, "other_users_mps_server": true}"#;
+    let gpus: Vec<String> = (0..3)
+        .map(|g| format!(r#"{{"gpu": {g}, "foreign": [{server}]}}"#))
+        .collect();
+    let (keep, path) = scenario(&format!(r#"{{"gpus": [{}]}}"#, gpus.join(", ")));
+    let bin = keep.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let control = bin.join("nvidia-cuda-mps-control");
+    std::fs::write(&control, "#!/bin/sh\n[ \"$1\" = -d ] || cat >/dev/null\n").unwrap();
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let with_path = format!(
+        "PATH={}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut s = scheduler_given(&[&with_path], &["--sim-scenario", &path, "--mps", "on"]);
+    let id = s.submit(&["--gpu-mem", "1GiB"], "true");
+    // A GPU someone else uses takes a job only once its telemetry window is full: from then
+    // on, twenty admission rounds.
+    let after_full = wait_until("full telemetry windows", GUARD, || {
+        let q = s.queue();
+        let full = (q["gpus"].as_array().unwrap().iter()).all(|g| g["window_full"] == true);
+        Ok::<_, String>(full.then(|| q["admission_rounds"].as_u64().unwrap()))
+    });
+    wait_until("twenty admission rounds", GUARD, || {
+        let q = s.queue();
+        let job = (q["jobs"].as_array().unwrap().iter()).find(|j| j["id"] == id);
+        assert_eq!(job.unwrap()["state"], "queued", "{q}");
+        let rounds = q["admission_rounds"].as_u64().unwrap();
+        Ok::<_, String>((rounds >= after_full + 20).then_some(()))
+    });
+    let dir = s.dir_arg();
+    let cancel = s.fx.run(&["cancel", "--dir", &dir, &id.to_string()], GUARD);
+    assert!(cancel.status.success(), "{}", cancel.stderr);
+    s.fx.signal(s.daemon, 15);
+    s.fx.wait(s.daemon, GUARD);
+    let mut s = scheduler_given(&[], &["--sim-scenario", &path]);
+    let id = s.submit(&["--gpu-mem", "1GiB"], "true");
+    s.wait_for(id, &["succeeded"]);
+}

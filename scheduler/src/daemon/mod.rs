@@ -171,6 +171,9 @@ struct Daemon {
     /// GPUs whose latest sample failed: admission skips them until one succeeds (their
     /// windows' last sample is stale).
     stale: Vec<bool>,
+    /// GPUs whose latest sample shows another user's MPS server: under this scheduler's MPS
+    /// they take no job ([`crate::mps::check_no_other_user`] has NVIDIA's rule).
+    others_mps: Vec<bool>,
     /// Most jobs each GPU's compute mode lets run at once (`Some(1)`: EXCLUSIVE_PROCESS
     /// without MPS).
     max_jobs: Vec<Option<usize>>,
@@ -401,6 +404,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         live: BTreeMap::new(),
         windows: vec![GpuWindows::default(); gpus.len()],
         stale: vec![false; gpus.len()],
+        others_mps: vec![false; gpus.len()],
         max_jobs: gpus
             .iter()
             .map(|g| g.collocation(mps.is_some()).max_jobs)

@@ -99,6 +99,22 @@ impl Daemon {
                         tracing::debug!(gpu = g, call = %gap.call, "telemetry gap: {}", gap.error);
                     }
                     processes.push(sample.processes.clone());
+                    let theirs = (sample.gpu_processes.iter().flatten())
+                        .find(|p| p.is_other_users_mps_server())
+                        .map(|p| p.pid);
+                    if theirs.is_some() != self.others_mps[g] && !self.mps_env.is_empty() {
+                        match theirs {
+                            Some(pid) => tracing::warn!(
+                                gpu = g,
+                                pid,
+                                "another user's MPS server runs on this GPU: it takes no job \
+                                 under this scheduler's MPS until that server is gone (MPS \
+                                 serves one user per GPU at a time)"
+                            ),
+                            None => tracing::info!(gpu = g, "the other user's MPS server is gone"),
+                        }
+                    }
+                    self.others_mps[g] = theirs.is_some();
                     self.windows[g].push(sample);
                     self.stale[g] = false;
                 }
@@ -246,6 +262,8 @@ impl Daemon {
             state.locked_until = self.locked_until[g];
             state.window_full = windows_full(windows);
             state.unusable |= self.stale[g];
+            // Under this scheduler's MPS, a GPU another user's MPS server holds is theirs.
+            state.unusable |= self.others_mps[g] && !self.mps_env.is_empty();
             state.count_foreign(windows, |pid| self.is_ours(pid));
             states.push(state);
         }

@@ -300,6 +300,10 @@ pub struct GpuProcess {
     /// The process's name (`/proc/<pid>/comm`, at most 15 characters), when it can be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// It belongs to another user than the scheduler's (the owner of `/proc/<pid>`); false
+    /// when that cannot be read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub other_user: bool,
 }
 
 impl GpuProcess {
@@ -309,6 +313,12 @@ impl GpuProcess {
         self.name
             .as_deref()
             .is_some_and(|n| n.starts_with("nvidia-cuda-mps"))
+    }
+
+    /// Whether this is another user's MPS server: its GPU is theirs under MPS until their
+    /// clients are gone, and a second user's MPS cannot share it ([`crate::mps`]).
+    pub fn is_other_users_mps_server(&self) -> bool {
+        self.other_user && self.is_mps_server()
     }
 }
 
@@ -333,6 +343,7 @@ pub fn merge_processes(compute: &[RawProcess], mps: &[RawProcess]) -> Vec<GpuPro
                 compute: false,
                 mps: false,
                 name: None,
+                other_user: false,
             });
             entry.used_mib = match (entry.used_mib, p.used_mib) {
                 (Some(a), Some(b)) => Some(a.max(b)),
@@ -425,7 +436,7 @@ impl GpuSample {
         let processes = self.gpu_processes.as_ref()?;
         let mut foreign = ForeignUse::default();
         for p in processes {
-            if is_ours(p.pid) || p.is_mps_server() {
+            if is_ours(p.pid) || (p.is_mps_server() && !p.other_user) {
                 continue;
             }
             match p.used_mib {
@@ -711,7 +722,28 @@ mod tests {
             compute: true,
             mps: false,
             name: name.map(str::to_owned),
+            other_user: false,
         }
+    }
+
+    #[test]
+    fn another_users_mps_server_is_foreign_and_ours_is_infrastructure() {
+        let theirs = GpuProcess {
+            other_user: true,
+            ..process(50, Some(400), Some("nvidia-cuda-mps"))
+        };
+        assert!(theirs.is_other_users_mps_server());
+        let sample = GpuSample {
+            gpu_processes: Some(vec![
+                process(40, Some(300), Some("nvidia-cuda-mps")),
+                theirs,
+            ]),
+            ..GpuSample::default()
+        };
+        let foreign = sample.foreign(|_| false).unwrap();
+        let pids: Vec<u32> = foreign.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [50]);
+        assert_eq!(foreign.memory_mib, 400);
     }
 
     #[test]

@@ -513,8 +513,10 @@ impl Telemetry for NvmlTelemetry {
             }
         }
         let mut merged = merge_processes(&lists[0], &lists[1]);
+        let me = crate::sys::my_uid();
         for p in &mut merged {
             p.name = process_name(p.pid);
+            p.other_user = crate::sys::owner(p.pid).is_some_and(|uid| uid != me);
         }
         let processes = merged
             .iter()

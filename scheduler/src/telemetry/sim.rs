@@ -65,6 +65,9 @@ pub struct SimProcess {
     /// NVML does not report its memory (the process lists it as unavailable).
     #[serde(default)]
     pub memory_unreported: bool,
+    /// It is another user's MPS server (`nvidia-cuda-mps-server`, owned by another uid).
+    #[serde(default)]
+    pub other_users_mps_server: bool,
 }
 
 /// A query of a simulated GPU that can be made to fail ([`SimGpus::fail`]).
@@ -424,6 +427,10 @@ impl Telemetry for SimGpus {
             .collect();
         compute.extend(foreign.iter().filter(|p| !p.mps_only).map(raw));
         let mps: Vec<RawProcess> = foreign.iter().filter(|p| p.mps_only).map(raw).collect();
+        let others_mps: Vec<u32> = (foreign.iter())
+            .filter(|p| p.other_users_mps_server)
+            .map(|p| p.pid)
+            .collect();
         let compute_fails = self.fails(gpu, SimCall::ComputeProcesses);
         let mps_fails = self.fails(gpu, SimCall::MpsProcesses);
         if compute_fails {
@@ -436,7 +443,13 @@ impl Telemetry for SimGpus {
         } else {
             mps
         };
-        let merged = merge_processes(&compute, &mps);
+        let mut merged = merge_processes(&compute, &mps);
+        for p in &mut merged {
+            if others_mps.contains(&p.pid) {
+                p.name = Some("nvidia-cuda-mps".to_owned());
+                p.other_user = true;
+            }
+        }
         let metrics_fail = self.fails(gpu, SimCall::ComputeMetrics);
         let (metrics, compute_source) = if source.is_degraded() {
             (None, ComputeSource::UtilizationOnly)
@@ -518,6 +531,7 @@ mod tests {
             sm: 0.2,
             mps_only: false,
             memory_unreported: false,
+            other_users_mps_server: false,
         }
     }
 
