@@ -801,6 +801,23 @@ fn a_job_runs_only_on_the_gpus_its_submitter_was_given_and_one_given_others_is_r
 }
 
 #[test]
+fn a_queued_job_whose_gpus_a_restarted_scheduler_lacks_is_cancelled_not_run_elsewhere() {
+    // CUDA devices 2 and 1, one job at a time: a job given device 1 waits behind a blocker.
+    let one_at_a_time = ["--policy", "exclusive"];
+    let mut s = scheduler_given(&["CUDA_VISIBLE_DEVICES=2,1"], &one_at_a_time);
+    let blocker = submit_in(&mut s, &["CUDA_VISIBLE_DEVICES=1"], &[], "sleep 600").unwrap();
+    s.wait_for(blocker, &["running"]);
+    let waiting = submit_in(&mut s, &["CUDA_VISIBLE_DEVICES=1"], &[], "true").unwrap();
+    assert_eq!(s.job(waiting)["state"], "queued");
+    // The scheduler comes back with device 2 only: the waiting job's GPU is not there.
+    s.fx.signal(s.daemon, 9);
+    s.fx.wait(s.daemon, GUARD);
+    s.daemon = spawn_given(&mut s.fx, &["CUDA_VISIBLE_DEVICES=2"], &one_at_a_time);
+    let job = s.wait_for(waiting, &["cancelled", "succeeded", "running"]);
+    assert_eq!(job["state"], "cancelled", "{job}");
+}
+
+#[test]
 fn a_cuda_device_the_machine_lacks_is_refused_naming_it() {
     let mut fx = Fixture::new();
     let dir = fx.path().join("sched");
