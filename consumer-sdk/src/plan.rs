@@ -37,7 +37,9 @@ use std::collections::TryReserveError;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::consumer::MAX_DATASET_LEN;
+/// The longest dataset a consumer accepts (2^40 samples; its per-epoch record is then 128 GiB
+/// of bits, so the real limit is memory).
+pub const MAX_DATASET_LEN: u64 = 1 << 40;
 
 /// What a group does with the `N mod W` indices left over when `W` ranks split `N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

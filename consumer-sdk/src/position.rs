@@ -59,8 +59,9 @@
 
 use ladle_ring::protocol::FeedIdentity;
 
-use crate::consumer::MAX_DATASET_LEN;
-use crate::plan::{Bitmap, BitmapError, Even, GroupSpec, PlanError, fnv1a64, try_zeroed};
+use crate::plan::{
+    Bitmap, BitmapError, Even, GroupSpec, MAX_DATASET_LEN, PlanError, fnv1a64, try_zeroed,
+};
 
 /// The first bytes of every saved position.
 pub const MAGIC: [u8; 8] = *b"LADLEPOS";

@@ -1,5 +1,7 @@
 //! The raw OS layer: memfd, seals, (double) shared mappings, futexes, fd passing and peer
-//! credentials. Everything `unsafe` in this crate lives here, behind small safe types.
+//! credentials, behind small safe types. The crate's other `unsafe` is in `shm.rs` (the
+//! reads and writes of the shared mappings these calls make, each with its `SAFETY`
+//! comment) and `writer.rs` (a write loan's slices).
 
 use std::ffi::c_void;
 use std::io::{IoSlice, IoSliceMut};

@@ -31,11 +31,9 @@ mod gather;
 mod resume;
 mod skim;
 
+pub use crate::plan::MAX_DATASET_LEN;
 use batch::Owned;
 pub use batch::{Batch, BatchOf, Epoch, EpochOf, SharedBatch, SharedEpoch};
-/// The longest dataset a consumer accepts (2^40 samples; its per-epoch record is then 128 GiB
-/// of bits, so the real limit is memory).
-pub const MAX_DATASET_LEN: u64 = 1 << 40;
 
 /// How long one wait for the head sleeps before the control socket is checked again: a
 /// producer that dies is noticed within about this long.

@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::job::JobId;
-use crate::journal::{JobSnapshot, Record, SnapshotHeader, SnapshotStage};
+use crate::journal::{Record, SnapshotHeader};
 
-use super::state::{Attempt, Job, Jobs, Stage, family_of};
+use super::state::{Jobs, Stage};
 use super::{Daemon, now_unix};
-use crate::estimate::Estimate;
 
 /// How much history the daemon keeps (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
@@ -76,86 +75,6 @@ impl Housekeeping {
     }
 }
 
-/// A kept job as its snapshot line rebuilds it.
-pub(super) fn job_from_snapshot(s: JobSnapshot) -> Job {
-    let stage = match s.stage {
-        SnapshotStage::Running {
-            attempt,
-            gpus,
-            pid,
-            limit_mib,
-            estimate_mib,
-            exclusive,
-            until_measured,
-        } => Stage::Running(Attempt {
-            number: attempt,
-            gpus: gpus.iter().map(|&g| g as usize).collect(),
-            pid,
-            limit_mib,
-            estimate_mib,
-            exclusive,
-            until_measured,
-        }),
-        SnapshotStage::Ended { state } => Stage::Ended(state),
-        _ => Stage::Queued,
-    };
-    Job {
-        id: s.id,
-        family: family_of(&s.spec),
-        spec: s.spec,
-        estimate: Estimate {
-            mib: s.estimate_mib,
-            basis: s.basis,
-        },
-        exclusive: s.exclusive,
-        attempts: s.attempts,
-        oom_retries: s.oom_retries,
-        stage,
-        submitted_at: s.submitted_at,
-        peak_mib: s.peak_mib,
-        measured: s.measured,
-        cpu_s: s.cpu_s,
-        held: s.held,
-    }
-}
-
-fn snapshot_of(job: &Job) -> JobSnapshot {
-    let stage = match &job.stage {
-        Stage::Queued => SnapshotStage::Queued,
-        Stage::Running(a) => SnapshotStage::Running {
-            attempt: a.number,
-            gpus: a
-                .gpus
-                .iter()
-                .map(|&g| u32::try_from(g).unwrap_or(u32::MAX))
-                .collect(),
-            pid: a.pid,
-            limit_mib: a.limit_mib,
-            estimate_mib: a.estimate_mib,
-            exclusive: a.exclusive,
-            until_measured: a.until_measured,
-        },
-        Stage::Ended(state) => SnapshotStage::Ended {
-            state: state.clone(),
-        },
-    };
-    JobSnapshot {
-        id: job.id,
-        spec: job.spec.clone(),
-        estimate_mib: job.estimate.mib,
-        basis: job.estimate.basis,
-        exclusive: job.exclusive,
-        attempts: job.attempts,
-        oom_retries: job.oom_retries,
-        stage,
-        submitted_at: job.submitted_at,
-        peak_mib: job.peak_mib,
-        measured: job.measured,
-        cpu_s: job.cpu_s,
-        held: job.held.clone(),
-    }
-}
-
 impl Jobs {
     /// Forgets the finished jobs beyond the newest `keep` (by id); returns how many.
     pub(super) fn forget_finished(&mut self, keep: usize) -> usize {
@@ -186,7 +105,7 @@ impl Jobs {
         records.extend(
             self.jobs
                 .values()
-                .map(|j| Record::Job(Box::new(snapshot_of(j)))),
+                .map(|j| Record::Job(Box::new(j.snapshot()))),
         );
         records
     }

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::estimate::{Basis, Estimate, Families, family_key};
 use crate::job::{JobId, JobSpec, JobState};
-use crate::journal::{Damage, Entry, Outcome, Record};
+use crate::journal::{Damage, Entry, JobSnapshot, Outcome, Record, SnapshotStage};
 
 /// One attempt of a job, as journaled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,7 +331,7 @@ impl Jobs {
                 self.queue = header.queue.into();
             }
             Record::Job(snapshot) => {
-                let job = super::compact::job_from_snapshot(*snapshot);
+                let job = Job::from_snapshot(*snapshot);
                 self.next_id = self.next_id.max(job.id.saturating_add(1));
                 self.jobs.insert(job.id, job);
             }
@@ -478,6 +478,90 @@ pub(super) fn family_of(spec: &JobSpec) -> String {
     spec.family
         .clone()
         .unwrap_or_else(|| family_key(&spec.command))
+}
+
+/// Snapshot lines: the pure half of compaction ([`super::compact`] writes and reads them).
+impl Job {
+    /// A kept job as its snapshot line rebuilds it.
+    pub(crate) fn from_snapshot(s: JobSnapshot) -> Job {
+        let stage = match s.stage {
+            SnapshotStage::Running {
+                attempt,
+                gpus,
+                pid,
+                limit_mib,
+                estimate_mib,
+                exclusive,
+                until_measured,
+            } => Stage::Running(Attempt {
+                number: attempt,
+                gpus: gpus.iter().map(|&g| g as usize).collect(),
+                pid,
+                limit_mib,
+                estimate_mib,
+                exclusive,
+                until_measured,
+            }),
+            SnapshotStage::Ended { state } => Stage::Ended(state),
+            _ => Stage::Queued,
+        };
+        Job {
+            id: s.id,
+            family: family_of(&s.spec),
+            spec: s.spec,
+            estimate: Estimate {
+                mib: s.estimate_mib,
+                basis: s.basis,
+            },
+            exclusive: s.exclusive,
+            attempts: s.attempts,
+            oom_retries: s.oom_retries,
+            stage,
+            submitted_at: s.submitted_at,
+            peak_mib: s.peak_mib,
+            measured: s.measured,
+            cpu_s: s.cpu_s,
+            held: s.held,
+        }
+    }
+
+    /// Its snapshot line, what compaction writes.
+    pub(crate) fn snapshot(&self) -> JobSnapshot {
+        let stage = match &self.stage {
+            Stage::Queued => SnapshotStage::Queued,
+            Stage::Running(a) => SnapshotStage::Running {
+                attempt: a.number,
+                gpus: a
+                    .gpus
+                    .iter()
+                    .map(|&g| u32::try_from(g).unwrap_or(u32::MAX))
+                    .collect(),
+                pid: a.pid,
+                limit_mib: a.limit_mib,
+                estimate_mib: a.estimate_mib,
+                exclusive: a.exclusive,
+                until_measured: a.until_measured,
+            },
+            Stage::Ended(state) => SnapshotStage::Ended {
+                state: state.clone(),
+            },
+        };
+        JobSnapshot {
+            id: self.id,
+            spec: self.spec.clone(),
+            estimate_mib: self.estimate.mib,
+            basis: self.estimate.basis,
+            exclusive: self.exclusive,
+            attempts: self.attempts,
+            oom_retries: self.oom_retries,
+            stage,
+            submitted_at: self.submitted_at,
+            peak_mib: self.peak_mib,
+            measured: self.measured,
+            cpu_s: self.cpu_s,
+            held: self.held.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
