@@ -262,7 +262,13 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             if node.is_some() { 10.0 } else { 15.0 },
             "--stop-grace",
         )?,
-        live: node.is_none() && !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        progress: (node.is_none()
+            && !args.json
+            && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .then(|| {
+            let mut table = crate::progress::LiveTable::new();
+            ladle_sweep::ShowProgress(Box::new(move |p| table.show(p)))
+        }),
         record: args.observe.record.clone(),
     };
     let observe = args.observe.clone();

@@ -26,7 +26,7 @@ use ladle_scheduler::protocol::{self, FeedSpec, JobQuery, JobView, Request, Resp
 use crate::SweepError;
 use crate::grid::{PlannedRun, Shard};
 use crate::ledger::{Ledger, NodeStart};
-use crate::view::{LiveView, Run, follow_consumers};
+use crate::view::{Progress, Run, ShowProgress, follow_consumers, table};
 
 /// How often the sweep asks the scheduler how its runs stand.
 const POLL: Duration = Duration::from_millis(500);
@@ -122,8 +122,9 @@ pub struct SweepConfig {
     /// After `stop`, how long cancelled runs get to end before their process groups are
     /// killed.
     pub stop_grace: Duration,
-    /// Draw the live table on stderr (a terminal); plain lines otherwise.
-    pub live: bool,
+    /// Where the live table goes at each look (`ladle sweep` draws it on a terminal);
+    /// `None`: a plain line per change on stderr instead.
+    pub progress: Option<ShowProgress>,
     /// Where `--record` records: the report is written there too, for `ladle report`.
     pub record: Option<PathBuf>,
 }
@@ -327,7 +328,7 @@ pub fn run(
         family,
         prices,
         stop_grace,
-        live,
+        progress,
         record,
     } = config;
     let node_ref = node.as_deref();
@@ -486,7 +487,7 @@ pub fn run(
     }
 
     let mut next_feed_line = Instant::now() + Duration::from_secs(10);
-    let mut live = live.then(LiveView::default);
+    let mut live = progress;
     let mut last_published = 0u64;
     let mut last_look = Instant::now();
     let mut queue_failures = 0u32;
@@ -535,7 +536,7 @@ pub fn run(
                 ledger.append(&run_report(&scheduler, run, node_ref));
             }
         }
-        if let Some(view) = &mut live {
+        if let Some(ShowProgress(show)) = &mut live {
             let seconds = last_look.elapsed().as_secs_f64().max(1e-3);
             last_look = Instant::now();
             let feed = match &producer {
@@ -552,7 +553,10 @@ pub fn run(
                 }
                 None => format!("feed {feed_name:?} (reused)"),
             };
-            view.draw(&runs, &feed);
+            show(&Progress {
+                table: table(&runs, Instant::now()),
+                feed,
+            });
         }
         if runs.iter().all(|r| r.ended.is_some()) {
             break;

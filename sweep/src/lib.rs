@@ -42,3 +42,4 @@ pub mod submit;
 mod view;
 
 pub use error::SweepError;
+pub use view::{Progress, ShowProgress};

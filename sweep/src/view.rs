@@ -1,5 +1,6 @@
 //! What a person sees of a sweep as it goes: a run followed through the scheduler's answers
-//! and its feed's consumer stats, and the live table redrawn in place on a terminal.
+//! and its feed's consumer stats, and the table of runs it reports ([`Progress`]) for its
+//! caller to draw.
 
 use std::time::{Duration, Instant};
 
@@ -95,67 +96,64 @@ impl Run {
     }
 }
 
-/// The live table on a terminal: one row per run and the feed, redrawn in place.
-#[derive(Debug, Default)]
-pub(crate) struct LiveView {
-    /// Lines drawn last time (to move the cursor back over them).
-    drawn: usize,
+/// What a sweep shows of itself at one look: the table of its runs and its feed's line. The
+/// library reports it ([`crate::engine::SweepConfig::progress`]); the caller draws it (`ladle
+/// sweep` redraws it in place on a terminal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// A header line, then one line per run: state, GPUs, epoch, samples/s, elapsed time,
+    /// peak GPU memory and the command.
+    pub table: Vec<String>,
+    /// The feed: what it decoded, at what rate, and who holds it back.
+    pub feed: String,
 }
 
-impl LiveView {
-    pub(crate) fn draw(&mut self, runs: &[Run], feed: &str) {
-        eprint!("{}", self.render(runs, feed, Instant::now()));
-    }
+/// Where [`Progress`] goes at each look (about twice a second).
+pub struct ShowProgress(pub Box<dyn FnMut(&Progress) + Send>);
 
-    /// The escape sequences and rows that replace the last table with this one.
-    pub(crate) fn render(&mut self, runs: &[Run], feed: &str, now: Instant) -> String {
-        let mut lines = vec![format!(
-            "{:<8} {:<11} {:<6} {:>6} {:>9} {:>8} {:>9}  command",
-            "run", "state", "gpu", "epoch", "samples/s", "elapsed", "gpu mem"
-        )];
-        for r in runs {
-            let elapsed = r.started.map_or_else(
-                || "-".to_owned(),
-                |s| {
-                    format!(
-                        "{:.0} s",
-                        r.ended.unwrap_or(now).duration_since(s).as_secs_f64()
-                    )
-                },
-            );
-            let gpus = if r.gpus.is_empty() {
-                "-".to_owned()
-            } else {
-                r.gpus
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
-            let memory = r
-                .peak_mib
-                .map_or("-".to_owned(), ladle_scheduler::units::format_mib);
-            let epoch = r.epochs.map_or("-".to_owned(), |e| format!("{e:.1}"));
-            let rate = r.rate.map_or("-".to_owned(), |v| format!("{v:.0}"));
-            let command: String = r.args.join(" ").chars().take(50).collect();
-            lines.push(format!(
-                "{:<8} {:<11} {:<6} {epoch:>6} {rate:>9} {elapsed:>8} {memory:>9}  {command}",
-                r.name, r.state, gpus
-            ));
-        }
-        lines.push(feed.to_owned());
-        let mut out = String::new();
-        if self.drawn > 0 {
-            // Up over the last table, and clear to the end of the screen.
-            out.push_str(&format!("\x1b[{}A\x1b[J", self.drawn));
-        }
-        for line in &lines {
-            out.push_str(line);
-            out.push('\n');
-        }
-        self.drawn = lines.len();
-        out
+impl std::fmt::Debug for ShowProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShowProgress(..)")
     }
+}
+
+/// The table of `runs` at `now`: a header, then one row per run.
+pub(crate) fn table(runs: &[Run], now: Instant) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<8} {:<11} {:<6} {:>6} {:>9} {:>8} {:>9}  command",
+        "run", "state", "gpu", "epoch", "samples/s", "elapsed", "gpu mem"
+    )];
+    for r in runs {
+        let elapsed = r.started.map_or_else(
+            || "-".to_owned(),
+            |s| {
+                format!(
+                    "{:.0} s",
+                    r.ended.unwrap_or(now).duration_since(s).as_secs_f64()
+                )
+            },
+        );
+        let gpus = if r.gpus.is_empty() {
+            "-".to_owned()
+        } else {
+            r.gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let memory = r
+            .peak_mib
+            .map_or("-".to_owned(), ladle_scheduler::units::format_mib);
+        let epoch = r.epochs.map_or("-".to_owned(), |e| format!("{e:.1}"));
+        let rate = r.rate.map_or("-".to_owned(), |v| format!("{v:.0}"));
+        let command: String = r.args.join(" ").chars().take(50).collect();
+        lines.push(format!(
+            "{:<8} {:<11} {:<6} {epoch:>6} {rate:>9} {elapsed:>8} {memory:>9}  {command}",
+            r.name, r.state, gpus
+        ));
+    }
+    lines
 }
 
 /// Updates each run's progress from the feed's view of its consumer (matched by the name the
@@ -192,7 +190,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_live_table_redraws_over_itself_one_row_per_run() {
+    fn the_table_has_a_header_and_one_row_per_run() {
         let now = Instant::now();
         let run = |name: &str, state| Run {
             started: Some(now - Duration::from_secs(5)),
@@ -209,17 +207,18 @@ mod tests {
             )
         };
         let runs = [run("run-00", "running"), run("run-01", "queued")];
-        let mut view = LiveView::default();
-        let first = view.render(&runs, "feed", now);
+        let lines = table(&runs, now);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].starts_with("run "), "{lines:?}");
+        assert!(lines[1].contains("run-00   running     1"), "{lines:?}");
         assert!(
-            !first.starts_with('\x1b'),
-            "nothing to move over the first time"
+            lines[1].contains("5 s") && lines[1].contains("2GiB"),
+            "{lines:?}"
         );
-        assert_eq!(first.lines().count(), 4, "{first}");
-        assert!(first.contains("run-00   running     1"), "{first}");
-        assert!(first.contains("5 s") && first.contains("2GiB"), "{first}");
-        let second = view.render(&runs, "feed", now);
-        assert!(second.starts_with("\x1b[4A\x1b[J"), "{second:?}");
+        assert!(
+            lines.iter().all(|l| !l.contains('\x1b')),
+            "the library draws nothing: {lines:?}"
+        );
     }
 
     #[test]
