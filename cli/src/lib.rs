@@ -212,6 +212,10 @@ where
             Ok(code) => return code,
             Err(e) => Err(e),
         },
+        Command::Sweep(args) if args.slurm.submits() => match slurm::submit(*args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Sweep(args) => match sweep::run(*args) {
             Ok(code) => return code,
             Err(e) => Err(e),

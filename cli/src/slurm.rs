@@ -8,55 +8,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::Args;
 use ladle_sweep::slurm::{self, GpuRequest, Manifest, ScriptSpec};
 use ladle_sweep::submit;
 
 use crate::sweep::SweepArgs;
-
-#[derive(Debug, Args)]
-pub(crate) struct SlurmArgs {
-    /// Run the sweep over a Slurm allocation: one feed and one scheduler per node, the grid
-    /// split over the nodes. Writes a batch script into the sweep's directory (--out, which
-    /// every node must see), submits it with sbatch, follows the job and prints the merged
-    /// report. Ctrl-C asks whether to scancel the job.
-    #[arg(long)]
-    pub(crate) slurm: bool,
-    /// Nodes of the allocation (--slurm).
-    #[arg(long, value_name = "N", default_value_t = 1, requires = "slurm")]
-    nodes: u32,
-    /// GPUs per node (--slurm): `--gres=gpu:G`.
-    #[arg(long, value_name = "G", conflicts_with = "gres", requires = "slurm")]
-    gpus_per_node: Option<u32>,
-    /// The nodes' generic resources as sbatch takes them (--slurm), e.g. `gpu:a100:4`.
-    #[arg(long, value_name = "SPEC", requires = "slurm")]
-    gres: Option<String>,
-    /// One more sbatch option, as is (repeatable): `--slurm-arg=--partition=gpu
-    /// --slurm-arg=--time=2:00:00`; account, qos, `--requeue`, …
-    #[arg(
-        long,
-        value_name = "ARG",
-        allow_hyphen_values = true,
-        requires = "slurm"
-    )]
-    slurm_arg: Vec<String>,
-    /// Print the batch script (also written into the sweep directory) and exit: edit it and
-    /// submit it with sbatch yourself if you like.
-    #[arg(long, requires = "slurm")]
-    slurm_dry_run: bool,
-    /// On Ctrl-C or SIGTERM, cancel the job (scancel) without asking.
-    #[arg(long)]
-    pub(crate) cancel_on_exit: bool,
-    /// Submit again the runs of a `--slurm` sweep directory that did not succeed (lost with
-    /// a node, failed, cancelled), into the same directory.
-    #[arg(long, value_name = "DIR", conflicts_with = "command")]
-    pub(crate) resume: Option<PathBuf>,
-    /// What the batch script runs on each node: the node's shard of the grid, from Slurm's
-    /// environment (SLURM_NODEID, SLURM_NNODES, SLURMD_NODENAME, the allocated GPUs), with
-    /// its own scheduler; node-local state under ${TMPDIR:-/tmp}/ladle-JOBID-NODE.
-    #[arg(long, conflicts_with = "slurm")]
-    pub(crate) slurm_node: bool,
-}
 
 /// Options of `ladle sweep` that only the submitting side uses (with whether they take a
 /// value): left out of the nodes' command line.
@@ -92,37 +47,6 @@ fn node_args(argv: &[String]) -> Vec<String> {
         }
     }
     kept
-}
-
-/// Under Slurm: the node's scheduler sees only the GPUs Slurm gave the node.
-pub(crate) fn allocate_gpus(
-    options: &crate::scheduler::DaemonOptions,
-    config: &mut ladle_scheduler::daemon::DaemonConfig,
-) -> anyhow::Result<()> {
-    allocate_gpus_from(options.simulated(), config, |k| std::env::var(k).ok())
-}
-
-/// [`allocate_gpus`] with the environment read through `get`.
-fn allocate_gpus_from(
-    simulated: bool,
-    config: &mut ladle_scheduler::daemon::DaemonConfig,
-    get: impl Fn(&str) -> Option<String>,
-) -> anyhow::Result<()> {
-    let allocation = ladle_scheduler::allocation::allocation_from_env(get);
-    match allocation {
-        Ok(Some(gpus)) => config.allocated = Some(gpus),
-        // Simulated GPUs need no grant from Slurm: the node simulates --sim-gpus of them.
-        Ok(None) | Err(ladle_scheduler::allocation::AllocationError::NoSlurmGpus { .. })
-            if simulated => {}
-        Err(e) => {
-            return Err(e).context("reading the GPUs Slurm allocated to this node");
-        }
-        Ok(None) => bail!(
-            "Slurm allocated no GPU to this node (no SLURM_JOB_GPUS or GPU UUIDs in \
-             CUDA_VISIBLE_DEVICES): submit with --gpus-per-node G or --gres gpu:G"
-        ),
-    }
-    Ok(())
 }
 
 pub(crate) fn submit(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -317,33 +241,6 @@ pub(crate) fn merge(dirs: &[PathBuf], json: bool) -> anyhow::Result<std::process
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_node_of_a_sim_sweep_needs_no_gpu_from_slurm_and_a_real_one_does() {
-        let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                vars.iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
-        let in_job = env(&[("SLURM_JOB_ID", "7")]);
-        let mut config = ladle_scheduler::daemon::DaemonConfig::new("/d".into());
-        allocate_gpus_from(true, &mut config, in_job).unwrap();
-        assert_eq!(
-            config.allocated, None,
-            "simulated: the node's own --sim-gpus"
-        );
-        let err = allocate_gpus_from(false, &mut config, in_job).unwrap_err();
-        assert!(format!("{err:#}").contains("7"), "{err:#}");
-        let granted = env(&[("SLURM_JOB_ID", "7"), ("SLURM_JOB_GPUS", "0,1")]);
-        allocate_gpus_from(true, &mut config, granted).unwrap();
-        assert_eq!(
-            config.allocated.map(|g| g.len()),
-            Some(2),
-            "a grant is kept, sim or not"
-        );
-    }
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

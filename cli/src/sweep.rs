@@ -86,7 +86,7 @@ pub(crate) struct SweepArgs {
     #[arg(long, value_name = "S", value_parser = parse_stop_grace)]
     stop_grace: Option<f64>,
     #[command(flatten)]
-    pub(crate) slurm: crate::slurm::SlurmArgs,
+    pub(crate) slurm: SlurmArgs,
     /// The command of every run, after `--`; an argument holding `{a,b,c}` makes one run per
     /// value (all such arguments: their cartesian product). Quote it from the shell:
     /// `ladle sweep --dataset D -- python train.py --lr '{0.1,0.01}' --bs '{32,64}'`.
@@ -151,9 +151,92 @@ fn seconds(arg: Option<f64>, default: f64, name: &str) -> anyhow::Result<Duratio
     Duration::try_from_secs_f64(s).with_context(|| format!("{name} {s} is not a number of seconds"))
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct SlurmArgs {
+    /// Run the sweep over a Slurm allocation: one feed and one scheduler per node, the grid
+    /// split over the nodes. Writes a batch script into the sweep's directory (--out, which
+    /// every node must see), submits it with sbatch, follows the job and prints the merged
+    /// report. Ctrl-C asks whether to scancel the job.
+    #[arg(long)]
+    pub(crate) slurm: bool,
+    /// Nodes of the allocation (--slurm).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "slurm")]
+    pub(crate) nodes: u32,
+    /// GPUs per node (--slurm): `--gres=gpu:G`.
+    #[arg(long, value_name = "G", conflicts_with = "gres", requires = "slurm")]
+    pub(crate) gpus_per_node: Option<u32>,
+    /// The nodes' generic resources as sbatch takes them (--slurm), e.g. `gpu:a100:4`.
+    #[arg(long, value_name = "SPEC", requires = "slurm")]
+    pub(crate) gres: Option<String>,
+    /// One more sbatch option, as is (repeatable): `--slurm-arg=--partition=gpu
+    /// --slurm-arg=--time=2:00:00`; account, qos, `--requeue`, …
+    #[arg(
+        long,
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        requires = "slurm"
+    )]
+    pub(crate) slurm_arg: Vec<String>,
+    /// Print the batch script (also written into the sweep directory) and exit: edit it and
+    /// submit it with sbatch yourself if you like.
+    #[arg(long, requires = "slurm")]
+    pub(crate) slurm_dry_run: bool,
+    /// On Ctrl-C or SIGTERM, cancel the job (scancel) without asking.
+    #[arg(long)]
+    pub(crate) cancel_on_exit: bool,
+    /// Submit again the runs of a `--slurm` sweep directory that did not succeed (lost with
+    /// a node, failed, cancelled), into the same directory.
+    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    pub(crate) resume: Option<PathBuf>,
+    /// What the batch script runs on each node: the node's shard of the grid, from Slurm's
+    /// environment (SLURM_NODEID, SLURM_NNODES, SLURMD_NODENAME, the allocated GPUs), with
+    /// its own scheduler; node-local state under ${TMPDIR:-/tmp}/ladle-JOBID-NODE.
+    #[arg(long, conflicts_with = "slurm")]
+    pub(crate) slurm_node: bool,
+}
+
+impl SlurmArgs {
+    /// Whether this `ladle sweep` submits to Slurm (`--slurm`, `--resume`): `crate::slurm`'s
+    /// work, not a sweep of this machine's.
+    pub(crate) fn submits(&self) -> bool {
+        self.slurm || self.resume.is_some()
+    }
+}
+
+/// Under Slurm: the node's scheduler sees only the GPUs Slurm gave the node.
+pub(crate) fn allocate_gpus(
+    options: &crate::scheduler::DaemonOptions,
+    config: &mut ladle_scheduler::daemon::DaemonConfig,
+) -> anyhow::Result<()> {
+    allocate_gpus_from(options.simulated(), config, |k| std::env::var(k).ok())
+}
+
+/// [`allocate_gpus`] with the environment read through `get`.
+fn allocate_gpus_from(
+    simulated: bool,
+    config: &mut ladle_scheduler::daemon::DaemonConfig,
+    get: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<()> {
+    let allocation = ladle_scheduler::allocation::allocation_from_env(get);
+    match allocation {
+        Ok(Some(gpus)) => config.allocated = Some(gpus),
+        // Simulated GPUs need no grant from Slurm: the node simulates --sim-gpus of them.
+        Ok(None) | Err(ladle_scheduler::allocation::AllocationError::NoSlurmGpus { .. })
+            if simulated => {}
+        Err(e) => {
+            return Err(e).context("reading the GPUs Slurm allocated to this node");
+        }
+        Ok(None) => bail!(
+            "Slurm allocated no GPU to this node (no SLURM_JOB_GPUS or GPU UUIDs in \
+             CUDA_VISIBLE_DEVICES): submit with --gpus-per-node G or --gres gpu:G"
+        ),
+    }
+    Ok(())
+}
+
 pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
-    if args.slurm.slurm || args.slurm.resume.is_some() {
-        return crate::slurm::submit(args);
+    if args.slurm.submits() {
+        bail!("--slurm and --resume go to `crate::slurm::submit`, not here");
     }
     if args.slurm.cancel_on_exit {
         bail!("--cancel-on-exit cancels a Slurm job: it goes with --slurm or --resume DIR");
@@ -205,7 +288,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
             // the shared file system, and runs killed when the node's sweep stops.
             daemon.log_dir = Some(out.join("logs"));
             daemon.stop_jobs = Some(Duration::from_secs(2));
-            crate::slurm::allocate_gpus(&args.daemon, &mut daemon)?;
+            allocate_gpus(&args.daemon, &mut daemon)?;
             SchedulerChoice::Private(Box::new(daemon))
         }
         (None, Some(dir)) => SchedulerChoice::Running(dir.clone()),
@@ -395,4 +478,36 @@ pub(crate) fn print_report(report: &SweepReport, json: bool) -> anyhow::Result<(
         println!("dollars: {d:.4} (private pipelines: about {p:.4})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_of_a_sim_sweep_needs_no_gpu_from_slurm_and_a_real_one_does() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let in_job = env(&[("SLURM_JOB_ID", "7")]);
+        let mut config = ladle_scheduler::daemon::DaemonConfig::new("/d".into());
+        allocate_gpus_from(true, &mut config, in_job).unwrap();
+        assert_eq!(
+            config.allocated, None,
+            "simulated: the node's own --sim-gpus"
+        );
+        let err = allocate_gpus_from(false, &mut config, in_job).unwrap_err();
+        assert!(format!("{err:#}").contains("7"), "{err:#}");
+        let granted = env(&[("SLURM_JOB_ID", "7"), ("SLURM_JOB_GPUS", "0,1")]);
+        allocate_gpus_from(true, &mut config, granted).unwrap();
+        assert_eq!(
+            config.allocated.map(|g| g.len()),
+            Some(2),
+            "a grant is kept, sim or not"
+        );
+    }
 }
