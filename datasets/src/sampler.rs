@@ -2,7 +2,7 @@
 //!
 //! Epoch `e`'s order is a Fisher–Yates shuffle of `0..len` driven by
 //! [`SampleRng`] seeded from `(seed, e)`: the same seed gives the same
-//! order on every machine. The producer (`docs/ARCHITECTURE.md`, "Data plane") builds later epochs
+//! order on every machine. The producer (`docs/epochs-and-groups.md`, "Epochs") builds later epochs
 //! by shuffling inside segments with [`EpochSampler::shuffle_segment`].
 
 use crate::rng::{SampleRng, Stream};
@@ -41,7 +41,7 @@ impl EpochSampler {
     ///
     /// Shuffling each segment between cut points of the previous epoch's order keeps the
     /// set of samples before every cut point unchanged, which is what gives late joiners
-    /// exact coverage (`docs/ARCHITECTURE.md`, "Data plane").
+    /// exact coverage (`docs/epochs-and-groups.md`, "Epochs").
     pub fn shuffle_segment(&self, segment: &mut [u64], epoch: u64, segment_id: u64) {
         let mut rng = SampleRng::new(Stream::Shuffle, self.seed, epoch, segment_id);
         for i in (1..segment.len()).rev() {
