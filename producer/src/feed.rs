@@ -4,8 +4,8 @@
 //! shuffle; `π_{e+1}` shuffles `π_e` inside each segment between consecutive *cut points*, the
 //! offsets `p = start mod N` of the live consumers that joined mid-epoch. That keeps the set
 //! `π[0..p)` the same in every later epoch, so a consumer whose epochs are windows of `N` sequences
-//! starting at offset `p` sees every index exactly once per epoch (`docs/ARCHITECTURE.md`, "Late
-//! joiners"). With no cut point the next epoch is a full reshuffle.
+//! starting at offset `p` sees every index exactly once per epoch (`docs/epochs-and-groups.md`,
+//! "Epochs"). With no cut point the next epoch is a full reshuffle.
 
 use std::collections::BTreeMap;
 
