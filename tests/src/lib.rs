@@ -241,18 +241,21 @@ impl Fixture {
     /// Waits until child `i` (a producer) accepts connections on the fixture's socket.
     pub fn wait_for_socket(&mut self, i: usize) {
         let socket = self.socket();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            let child = &mut self.children[i];
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!(
-                    "ladle serve exited with {status}: {}",
-                    child.output().unwrap().stderr
-                );
-            }
-            assert!(Instant::now() < deadline, "ladle serve did not come up");
-            std::thread::sleep(POLL);
-        }
+        let child = &mut self.children[i];
+        wait_until(
+            "ladle serve accepting connections",
+            Duration::from_secs(60),
+            || match std::os::unix::net::UnixStream::connect(&socket) {
+                Ok(_) => Ok(Some(())),
+                Err(e) => match child.try_wait().unwrap() {
+                    Some(status) => panic!(
+                        "ladle serve exited with {status}: {}",
+                        child.output().unwrap().stderr
+                    ),
+                    None => Err(format!("{}: {e}", socket.display())),
+                },
+            },
+        );
     }
 
     /// Asks the producer on the fixture's socket for its `Stats` until `ok` holds

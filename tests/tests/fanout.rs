@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use ladle_tests::Fixture;
+use ladle_tests::{Fixture, wait_until};
 use serde_json::Value;
 
 /// Deadlock guard for one consumer run; never a speed assertion.
@@ -97,18 +97,18 @@ fn a_consumer_killed_mid_epoch_releases_its_hold_and_the_others_finish_exactly()
     assert!(!victim.status.success());
     // Every consumer is gone: the producer holds no cursor mapping and no more fds than it
     // had before any joined (the readiness probe's connection may have closed since).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (fds, maps) = count_fds_and_cursor_maps(producer);
-        if maps == 0 && fds <= baseline.0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "leak: {fds} fds, {maps} cursor maps"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        "no cursor map and no fd beyond the baseline",
+        Duration::from_secs(30),
+        || {
+            let (fds, maps) = count_fds_and_cursor_maps(producer);
+            if maps == 0 && fds <= baseline.0 {
+                Ok(Some(()))
+            } else {
+                Err(format!("leak: {fds} fds, {maps} cursor maps"))
+            }
+        },
+    );
     let shm: Vec<_> = std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(Result::ok)

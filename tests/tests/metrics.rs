@@ -8,10 +8,11 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::net::TcpListener;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ladle_tests::Fixture;
+use ladle_tests::{Fixture, wait_for_listener, wait_until};
 use serde_json::Value;
 
 /// Deadlock guard for anything we wait on; never a speed assertion.
@@ -110,11 +111,7 @@ fn a_real_prometheus_scrapes_the_feed_and_the_scheduler_and_reads_their_metrics_
         &scheduler_metrics,
     ]);
     let socket = dir.join("scheduler.sock");
-    let deadline = Instant::now() + GUARD;
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "ladle scheduler did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_listener(&socket, GUARD, "ladle scheduler coming up");
     let submitted = fx.run(
         &[
             "submit",
@@ -175,42 +172,46 @@ fn a_real_prometheus_scrapes_the_feed_and_the_scheduler_and_reads_their_metrics_
             "a scheduler counter",
         ),
     ];
-    let deadline = Instant::now() + GUARD;
-    let mut targets = Value::Null;
-    loop {
-        if let Some(answer) = api(&format!("{base}/api/v1/targets"), &[]) {
-            targets = answer;
-        }
-        let up = targets["data"]["activeTargets"]
-            .as_array()
-            .map(|t| {
-                t.iter()
-                    .filter(|t| t["health"] == "up")
-                    .filter_map(|t| t["labels"]["job"].as_str())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        let all_up = up.contains(&"ladle-serve") && up.contains(&"ladle-scheduler");
-        let missing: Vec<_> = wanted
-            .iter()
-            .filter(|(q, _)| !instant(&base, q).is_some_and(|v| v > 0.0))
-            .collect();
-        if all_up && missing.is_empty() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            // The job outlives the scheduler's process group: stop it first.
-            let _ = fx.run(&["cancel", "--dir", &dir_s, &job], GUARD);
-            fx.kill_all();
-            panic!(
-                "not up or not back from Prometheus: {missing:?}; targets {targets}\n\
-                 prometheus: {}\nserve: {}\nscheduler: {}",
-                fx.wait(prom, GUARD).stderr,
-                fx.wait(serve, GUARD).stderr,
-                fx.wait(scheduler, GUARD).stderr,
-            );
-        }
-        std::thread::sleep(Duration::from_millis(500));
+    let seen = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut targets = Value::Null;
+        wait_until("both targets up and every metric back", GUARD, || {
+            if let Some(answer) = api(&format!("{base}/api/v1/targets"), &[]) {
+                targets = answer;
+            }
+            let up = targets["data"]["activeTargets"]
+                .as_array()
+                .map(|t| {
+                    t.iter()
+                        .filter(|t| t["health"] == "up")
+                        .filter_map(|t| t["labels"]["job"].as_str())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            let all_up = up.contains(&"ladle-serve") && up.contains(&"ladle-scheduler");
+            let missing: Vec<_> = wanted
+                .iter()
+                .filter(|(q, _)| !instant(&base, q).is_some_and(|v| v > 0.0))
+                .collect();
+            if all_up && missing.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!(
+                    "not up or not back from Prometheus: {missing:?}; targets {targets}"
+                ))
+            }
+        });
+    }));
+    if let Err(hang) = seen {
+        // The job outlives the scheduler's process group: stop it first.
+        let _ = fx.run(&["cancel", "--dir", &dir_s, &job], GUARD);
+        fx.kill_all();
+        panic!(
+            "{}\nprometheus: {}\nserve: {}\nscheduler: {}",
+            hang.downcast_ref::<String>().map_or("", String::as_str),
+            fx.wait(prom, GUARD).stderr,
+            fx.wait(serve, GUARD).stderr,
+            fx.wait(scheduler, GUARD).stderr,
+        );
     }
     // The labels came through too.
     let answer = api(

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ladle_tests::{Fixture, recorded_sim_sweep};
+use ladle_tests::{Fixture, recorded_sim_sweep, wait_until};
 
 const GUARD: Duration = Duration::from_secs(300);
 
@@ -144,11 +144,10 @@ fn a_serve_recording_has_the_feed_and_its_consumers_and_no_gpus() {
     let done = fx.wait(consumer, GUARD);
     assert!(done.status.success(), "{}", done.stderr);
     // At least one look after the consumer joined.
-    let deadline = std::time::Instant::now() + GUARD;
-    while table(&rec.join("feed.csv")).1.len() < 2 {
-        assert!(std::time::Instant::now() < deadline, "no looks recorded");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until("a look recorded after the consumer joined", GUARD, || {
+        let rows = table(&rec.join("feed.csv")).1.len();
+        Ok::<_, String>((rows >= 2).then_some(()))
+    });
     fx.signal(serve, 15);
     let stopped = fx.wait(serve, GUARD);
     assert!(stopped.status.success(), "{}", stopped.stderr);

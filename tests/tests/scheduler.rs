@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ladle_tests::{Fixture, wait_for_listener, wait_until};
 use serde_json::Value;
@@ -27,16 +27,15 @@ impl Scheduler {
     /// before), 3 s at the tests' 100 ms tick.
     fn start(gpus: u32, extra: &[&str]) -> Self {
         let mut s = Self::start_unchecked(gpus, extra);
-        let deadline = Instant::now() + GUARD;
-        loop {
+        wait_until("every GPU's telemetry window full", GUARD, || {
             let q = s.queue();
             let gpus = q["gpus"].as_array().unwrap();
             if gpus.iter().all(|g| g["window_full"] == true) {
-                break;
+                Ok(Some(()))
+            } else {
+                Err(q.to_string())
             }
-            assert!(Instant::now() < deadline, "windows never filled: {q}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
         s
     }
 
@@ -91,18 +90,14 @@ impl Scheduler {
 
     /// Waits until job `id` is in one of `states`; returns it.
     fn wait_for(&mut self, id: u64, states: &[&str]) -> Value {
-        let deadline = Instant::now() + GUARD;
-        loop {
+        wait_until(&format!("job {id} in {states:?}"), GUARD, || {
             let job = self.job(id);
             if states.iter().any(|s| job["state"] == *s) {
-                return job;
+                Ok(Some(job))
+            } else {
+                Err(job.to_string())
             }
-            assert!(
-                Instant::now() < deadline,
-                "job {id} never reached {states:?}: {job}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        })
     }
 }
 
@@ -857,11 +852,10 @@ fn a_sigkilled_daemon_restarts_and_no_job_is_lost_or_run_twice() {
         .collect();
     for round in 0..3 {
         // Let a job or two run, then kill the daemon outright and start it again.
-        let deadline = Instant::now() + GUARD;
-        while lines(Path::new(&runs)).len() < 2 * round + 1 {
-            assert!(Instant::now() < deadline, "no progress before kill {round}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until(&format!("progress before kill {round}"), GUARD, || {
+            let ran = lines(Path::new(&runs)).len();
+            Ok::<_, String>((ran > 2 * round).then_some(()))
+        });
         s.fx.signal(s.daemon, 9);
         s.fx.wait(s.daemon, GUARD);
         s.daemon = spawn_daemon(&mut s.fx, 1, &["--policy", "exclusive"]);
@@ -959,16 +953,15 @@ fn serve_feed(s: &mut Scheduler, name: &str) -> (usize, PathBuf) {
         "--dir",
         &dir,
     ]);
-    let deadline = Instant::now() + GUARD;
-    loop {
+    wait_until(&format!("the feed {name:?} registered"), GUARD, || {
         let dir = s.dir_arg();
         let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
         if queue.stdout.contains(&format!("feed {name:?}")) {
-            break;
+            Ok(Some(()))
+        } else {
+            Err(queue.stdout)
         }
-        assert!(Instant::now() < deadline, "the feed never registered");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     (serve, socket)
 }
 
@@ -1166,19 +1159,19 @@ fn a_restarted_scheduler_learns_a_running_feed_again() {
     s.fx.wait(s.daemon, GUARD);
     s.daemon = spawn_daemon(&mut s.fx, 1, &[]);
     // Feeds are not journaled: the serving process registers again every few seconds.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let dir = s.dir_arg();
-    loop {
-        let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
-        if queue.stdout.contains("feed \"cifar\"") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted scheduler never saw the feed"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_until(
+        "the restarted scheduler seeing the feed",
+        Duration::from_secs(30),
+        || {
+            let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
+            if queue.stdout.contains("feed \"cifar\"") {
+                Ok(Some(()))
+            } else {
+                Err(queue.stdout)
+            }
+        },
+    );
     let id = s.submit(&["--feed", "cifar"], "true");
     assert_eq!(
         s.wait_for(id, &["succeeded", "failed"])["state"],
@@ -1256,8 +1249,7 @@ fn a_gpu_in_exclusive_process_mode_without_mps_runs_one_job_at_a_time() {
     // joins a GPU in the first round whose sample is fresh. The daemon counts its rounds,
     // so the test waits for them, not for a time.
     let after_submit = s.queue()["admission_rounds"].as_u64().unwrap();
-    let deadline = std::time::Instant::now() + GUARD;
-    loop {
+    wait_until("twenty admission rounds", GUARD, || {
         let q = s.queue();
         let job = q["jobs"]
             .as_array()
@@ -1267,14 +1259,11 @@ fn a_gpu_in_exclusive_process_mode_without_mps_runs_one_job_at_a_time() {
             .unwrap();
         assert_eq!(job["state"], "queued", "{q}");
         if q["admission_rounds"].as_u64().unwrap() >= after_submit + 20 {
-            break;
+            Ok(Some(()))
+        } else {
+            Err(format!("no admission rounds: {q}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no admission rounds: {q}"
-        );
-        std::thread::sleep(Duration::from_millis(50)); // the poll interval
-    }
+    });
     std::fs::write(&release, "").unwrap();
     s.wait_for(second, &["succeeded"]);
 }

@@ -35,13 +35,15 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ladle_procs::{Proc, Signal};
 use ladle_tests::slurm::{COMMAND_TIMEOUT, Cluster, JobId, SlurmError, processes_of};
+use ladle_tests::wait_until;
 
 /// Deadlock guard for one job or one child process; never a speed assertion.
 const GUARD: Duration = Duration::from_secs(120);
@@ -74,15 +76,10 @@ fn sorted_lines(text: &str) -> Vec<&str> {
 
 /// Waits until `path` exists.
 fn wait_for_file(path: &Path, what: &str) {
-    let deadline = Instant::now() + GUARD;
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let what = format!("{what}: {} appearing", path.display());
+    wait_until(&what, GUARD, || {
+        Ok::<_, String>(path.exists().then_some(()))
+    });
 }
 
 #[test]
@@ -190,16 +187,14 @@ fn a_node_set_down_stays_down_holding_back_two_node_jobs_until_it_is_resumed() {
     let _serial = cluster.lock();
     cluster.set_node_state("n2", "down", "test").unwrap();
     let job = cluster.sbatch(&["--nodes=2"], "true").unwrap();
-    let deadline = Instant::now() + GUARD;
-    let reason = loop {
+    let reason = wait_until(&format!("job {job} getting a reason"), GUARD, || {
         let fields = cluster.job_fields(job).unwrap().unwrap();
-        if fields["Reason"] != "None" {
-            assert_eq!(fields["JobState"], "PENDING");
-            break fields["Reason"].clone();
+        if fields["Reason"] == "None" {
+            return Err(format!("{fields:?}"));
         }
-        assert!(Instant::now() < deadline, "job {job} never got a reason");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        assert_eq!(fields["JobState"], "PENDING");
+        Ok(Some(fields["Reason"].clone()))
+    });
     assert_eq!(reason, "ReqNodeNotAvail,_UnavailableNodes:n2");
     // srun waits for ever for a down node: the bounded runner stops it.
     let blocked = cluster.run("srun", &["-N2", "true"], Duration::from_secs(3));
@@ -250,15 +245,20 @@ fn wait_for_tasks_gone(cluster: &Cluster, pids: [u32; 2]) {
                 .is_some_and(|i| !s[i + 1..].trim_start().starts_with('Z'))
         })
     };
-    let deadline = Instant::now() + GUARD;
-    while pids.iter().any(|p| running(*p)) || !cluster.job_processes().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "tasks {pids:?} or other job processes left: {:?}",
-            cluster.job_processes()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        &format!("tasks {pids:?} and every other job process gone"),
+        GUARD,
+        || {
+            let left = cluster.job_processes();
+            if pids.iter().any(|p| running(*p)) || !left.is_empty() {
+                Err(format!(
+                    "tasks {pids:?} or other job processes left: {left:?}"
+                ))
+            } else {
+                Ok(Some(()))
+            }
+        },
+    );
 }
 
 /// Asserts that `out` has every line of `expected` and none containing `absent`.
@@ -312,16 +312,15 @@ fn taking_a_node_down_under_an_ordinary_job_kills_all_of_it_and_requeues_it() {
     let _serial = cluster.lock();
     let (job, tasks) = start_two_node_step(cluster, &[]);
     cluster.set_node_state("n2", "down", "test").unwrap();
-    let deadline = Instant::now() + GUARD;
-    loop {
+    wait_until(&format!("job {job} requeued"), GUARD, || {
         let f = cluster.job_fields(job).unwrap().unwrap();
         if f["JobState"] == "PENDING" && f["Restarts"] == "1" {
             assert_eq!(f["Reason"], "BeginTime");
-            break;
+            Ok(Some(()))
+        } else {
+            Err(format!("{f:?}"))
         }
-        assert!(Instant::now() < deadline, "job {job} not requeued: {f:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     wait_for_tasks_gone(cluster, tasks);
     let out = std::fs::read_to_string(cluster.default_output(job)).unwrap();
     assert_lines(&out, &["srun: error: Node failure on n2"], &["srun exited"]);
@@ -379,16 +378,15 @@ fn cleanup_child_starts_a_cluster_with_a_job_then_panics_or_hangs() {
             "(sleep 601 &)\nsrun -n 2 --ntasks-per-node=1 sleep 600\n",
         )
         .unwrap();
-    let deadline = Instant::now() + GUARD;
-    loop {
+    wait_until("the job running", GUARD, || {
         let procs = cluster.job_processes();
         let count = |secs| procs.iter().filter(|(_, l)| is_sleep(l, secs)).count();
         if count(600) == 2 && count(601) == 1 {
-            break;
+            Ok(Some(()))
+        } else {
+            Err(format!("{procs:?}"))
         }
-        assert!(Instant::now() < deadline, "the job never ran: {procs:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     let tmp = report.with_extension("tmp");
     std::fs::write(&tmp, cluster.dir().display().to_string()).unwrap();
     std::fs::rename(&tmp, &report).unwrap();
@@ -420,21 +418,28 @@ fn start_cleanup_child(mode: &str, scratch: &Path) -> (Proc, PathBuf) {
         .env(CHILD_MODE, mode)
         .env(CHILD_REPORT, &report);
     let mut child = Proc::spawn("child test binary", &mut command).unwrap();
-    let deadline = Instant::now() + GUARD;
-    while !report.exists() {
-        if child.try_wait().unwrap().is_some() {
-            let out = child.output().unwrap();
-            panic!("the child exited early: {}\n{}", out.stdout, out.stderr);
-        }
-        if Instant::now() >= deadline {
-            child.kill();
-            let out = child.output().unwrap();
-            panic!(
-                "the child's cluster never ran its job: {}\n{}",
-                out.stdout, out.stderr
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let waited = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        wait_until("the child's cluster running its job", GUARD, || {
+            if report.exists() {
+                return Ok(Some(()));
+            }
+            if child.try_wait().unwrap().is_some() {
+                let out = child.output().unwrap();
+                panic!("the child exited early: {}\n{}", out.stdout, out.stderr);
+            }
+            Ok::<_, String>(None)
+        });
+    }));
+    if let Err(failed) = waited {
+        // Killed before its output is read (a child that exited early has handed it out).
+        child.kill();
+        let out = child.output().unwrap();
+        panic!(
+            "{}\n{}\n{}",
+            failed.downcast_ref::<String>().map_or("", String::as_str),
+            out.stdout,
+            out.stderr
+        );
     }
     let dir = PathBuf::from(std::fs::read_to_string(&report).unwrap());
     let procs = processes_of(&dir);
@@ -472,14 +477,15 @@ fn a_test_binary_killed_with_sigkill_has_its_cluster_and_jobs_killed_by_the_watc
     let (mut child, dir) = start_cleanup_child("hang", scratch.path());
     child.signal(Signal::KILL).unwrap();
     child.wait_timeout(GUARD).unwrap();
-    let deadline = Instant::now() + GUARD;
-    while !processes_of(&dir).is_empty() || dir.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "left behind: {:?}, directory there: {}",
-            processes_of(&dir),
-            dir.exists()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("every process and the directory gone", GUARD, || {
+        let left = processes_of(&dir);
+        if left.is_empty() && !dir.exists() {
+            Ok(Some(()))
+        } else {
+            Err(format!(
+                "left behind: {left:?}, directory there: {}",
+                dir.exists()
+            ))
+        }
+    });
 }

@@ -8,11 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ladle_procs::Proc;
 use ladle_tests::slurm::Cluster;
-use ladle_tests::{Fixture, ladle_bin};
+use ladle_tests::{Fixture, ladle_bin, wait_until};
 use serde_json::Value;
 
 const GUARD: Duration = Duration::from_secs(300);
@@ -72,19 +72,10 @@ fn runs(report: &Value) -> Vec<Value> {
     report["runs"].as_array().unwrap().clone()
 }
 
-/// Waits until `check` holds, or fails naming `what`.
-fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Nothing of ladle is left running on the cluster, and no node-local directory.
 fn assert_nothing_left(cluster: &Cluster) {
     wait_until("every ladle process gone", Duration::from_secs(60), || {
-        cluster.job_processes().is_empty()
+        Ok::<_, String>(cluster.job_processes().is_empty().then_some(()))
     });
     let left: Vec<PathBuf> = std::fs::read_dir(cluster.local_root())
         .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
@@ -350,7 +341,7 @@ fn start_endless(
             .iter()
             .filter(|(_, cmd)| cmd.contains("consume") && cmd.contains("--step-ms"))
             .count();
-        consumers >= 4
+        Ok::<_, String>((consumers >= 4).then_some(()))
     });
     (sweep, job.unwrap())
 }
@@ -504,7 +495,7 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
                 .iter()
                 .filter(|(_, cmd)| cmd.starts_with("sh") && cmd.contains("while"))
                 .count();
-            reading(&procs) >= 2 && waiting >= 2
+            Ok::<_, String>((reading(&procs) >= 2 && waiting >= 2).then_some(()))
         },
     );
     cluster
@@ -512,7 +503,7 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
         .unwrap();
     // n2's runs die with it; then n1's, which were running all along, go past their gate.
     wait_until("n2's runs gone", Duration::from_secs(60), || {
-        reading(&cluster.job_processes()) == 0
+        Ok::<_, String>((reading(&cluster.job_processes()) == 0).then_some(()))
     });
     std::fs::write(files.join("go-n1"), "").unwrap();
     sweep.wait_timeout(GUARD).unwrap();
@@ -536,7 +527,7 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
     // Slurm killed n2's processes; its node-local directory stays behind, as a failed node's
     // would, until ladle next runs there.
     wait_until("every ladle process gone", Duration::from_secs(60), || {
-        cluster.job_processes().is_empty()
+        Ok::<_, String>(cluster.job_processes().is_empty().then_some(()))
     });
     assert!(
         std::fs::read_dir(cluster.local_root())
@@ -758,7 +749,7 @@ fn a_requeued_job_gives_its_runs_sigterm_and_does_not_rerun_the_finished_ones() 
                 .iter()
                 .filter(|(_, cmd)| cmd.starts_with("sh") && cmd.contains("while"))
                 .count();
-            ledger_lines(&out, "n1").len() == 2 && waiting >= 2
+            Ok::<_, String>((ledger_lines(&out, "n1").len() == 2 && waiting >= 2).then_some(()))
         },
     );
     let job = job.unwrap();
@@ -780,9 +771,10 @@ fn a_requeued_job_gives_its_runs_sigterm_and_does_not_rerun_the_finished_ones() 
         "n2's runs (run-01, run-03) noted their SIGTERM",
         Duration::from_secs(60),
         || {
-            ["run-01", "run-03"]
+            let noted = ["run-01", "run-03"]
                 .iter()
-                .all(|r| term(r).contains("term"))
+                .all(|r| term(r).contains("term"));
+            Ok::<_, String>(noted.then_some(()))
         },
     );
     std::fs::write(files.join("go-n2"), "").unwrap();

@@ -131,14 +131,14 @@ fn sigterm_mid_sweep_cancels_every_run_and_leaves_nothing_behind() {
     let out = fx.path().join("sweep");
     let sweep = spawn_endless_sim_sweep(&mut fx, &data, &out);
     let socket = out.join("feed.sock");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while processes_of(&socket).len() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the runs never started"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("both runs started", Duration::from_secs(60), || {
+        let runs = processes_of(&socket);
+        if runs.len() >= 2 {
+            Ok(Some(()))
+        } else {
+            Err(format!("processes of the feed: {runs:?}"))
+        }
+    });
     fx.signal(sweep, 15);
     let done = fx.wait(sweep, Duration::from_secs(120));
     assert!(!done.status.success(), "a cancelled sweep reports failure");

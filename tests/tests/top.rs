@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ladle_tests::{Fixture, ladle_bin, spawn_endless_sim_sweep};
+use ladle_tests::{Fixture, ladle_bin, spawn_endless_sim_sweep, wait_until};
 
 /// Deadlock guard for each wait (not a speed assertion).
 const GUARD: Duration = Duration::from_secs(120);
@@ -56,19 +56,6 @@ fn quoted(path: &Path) -> String {
     format!("'{}'", path.to_str().unwrap().replace('\'', r"'\''"))
 }
 
-/// Polls `done` every 200 ms until it holds; fails the test after `GUARD`.
-fn wait_for(what: &str, mut done: impl FnMut() -> bool, context: impl Fn() -> String) {
-    let deadline = Instant::now() + GUARD;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {GUARD:?}:\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
     let Some(tmux) = Tmux::new() else {
@@ -82,17 +69,18 @@ fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
     // Runs that go on until cancelled, stepping slowly enough to be watched.
     let sweep = spawn_endless_sim_sweep(&mut fx, &data, &out);
     let dir: PathBuf = out.join("scheduler");
-    wait_for(
-        "the sweep's scheduler answering",
-        || {
-            dir.join("scheduler.sock").exists()
-                && Command::new(ladle)
-                    .args(["queue", "--dir", dir.to_str().unwrap()])
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-        },
-        || format!("no socket in {}", dir.display()),
-    );
+    wait_until("the sweep's scheduler answering", GUARD, || {
+        let answering = dir.join("scheduler.sock").exists()
+            && Command::new(ladle)
+                .args(["queue", "--dir", dir.to_str().unwrap()])
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if answering {
+            Ok(Some(()))
+        } else {
+            Err(format!("no socket in {}", dir.display()))
+        }
+    });
 
     let status = fx.path().join("top-status");
     let command = format!(
@@ -129,22 +117,28 @@ fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
             && screen.contains("Feed sweep-")
             && screen.contains("running")
     };
-    wait_for(
-        "ladle top showing the sweep",
-        || shows_the_sweep(&capture()),
-        capture,
-    );
+    wait_until("ladle top showing the sweep", GUARD, || {
+        let screen = capture();
+        if shows_the_sweep(&screen) {
+            Ok(Some(()))
+        } else {
+            Err(screen)
+        }
+    });
     // Live: a later frame shows more published samples than an earlier one.
     let published = |screen: &str| -> Option<u64> {
         let after = screen.split("published ").nth(1)?;
         after.split_whitespace().next()?.parse().ok()
     };
     let first = published(&capture()).unwrap_or_else(|| panic!("{}", capture()));
-    wait_for(
-        "the view refreshing",
-        || published(&capture()).is_some_and(|n| n > first),
-        capture,
-    );
+    wait_until("the view refreshing", GUARD, || {
+        let screen = capture();
+        if published(&screen).is_some_and(|n| n > first) {
+            Ok(Some(()))
+        } else {
+            Err(screen)
+        }
+    });
     let screen = capture();
     println!("{screen}");
     assert!(screen.contains("ladle top"), "{screen}");
@@ -166,33 +160,37 @@ fn ladle_top_shows_a_live_sweep_under_tmux_survives_its_end_and_quits_on_q() {
     fx.signal(sweep, 15);
     let done = fx.wait(sweep, GUARD);
     assert!(done.stderr.contains("cancel"), "{}", done.stderr);
-    wait_for(
-        "ladle top reporting the scheduler gone",
-        || {
-            let screen = capture();
-            screen.contains("not answering") && screen.contains("scheduler: ")
-        },
-        capture,
-    );
+    wait_until("ladle top reporting the scheduler gone", GUARD, || {
+        let screen = capture();
+        if screen.contains("not answering") && screen.contains("scheduler: ") {
+            Ok(Some(()))
+        } else {
+            Err(screen)
+        }
+    });
     println!("{}", capture());
 
     let sent = tmux.run(&["send-keys", "-t", "top", "q"]);
     assert!(sent.status.success());
-    wait_for(
-        "ladle top quitting on q",
-        || std::fs::read_to_string(&status).is_ok_and(|s| s.contains("exit=")),
-        capture,
-    );
+    wait_until("ladle top quitting on q", GUARD, || {
+        if std::fs::read_to_string(&status).is_ok_and(|s| s.contains("exit=")) {
+            Ok(Some(()))
+        } else {
+            Err(capture())
+        }
+    });
     assert_eq!(
         std::fs::read_to_string(&status).unwrap().trim(),
         "exit=0",
         "ladle top did not quit cleanly"
     );
-    wait_for(
-        "the tmux session ending with its command",
-        || !tmux.run(&["has-session", "-t", "top"]).status.success(),
-        capture,
-    );
+    wait_until("the tmux session ending with its command", GUARD, || {
+        if tmux.run(&["has-session", "-t", "top"]).status.success() {
+            Err(capture())
+        } else {
+            Ok(Some(()))
+        }
+    });
 }
 
 #[test]
