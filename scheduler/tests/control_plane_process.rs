@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, GUARD, answer_on};
+use common::{Daemon, GUARD, answer_on, wait_until};
 use ladle_scheduler::daemon::{HANDLER_THREADS, MAX_CONNECTIONS};
 use ladle_scheduler::protocol::{Request, Response};
 
@@ -113,20 +113,17 @@ fn a_daemon_out_of_file_descriptors_backs_off_and_serves_again_once_some_are_fre
     }
     fillers.pop(); // the one free descriptor: the client's socket takes it
     // (The daemon's own tick may hold it for a moment: look again until it is ours.)
-    let deadline = Instant::now() + GUARD;
-    let mut pending = loop {
-        match UnixStream::connect(daemon.socket()) {
-            Ok(conn) => break conn,
+    let mut pending = wait_until(
+        "the freed descriptor back",
+        GUARD,
+        || match UnixStream::connect(daemon.socket()) {
+            Ok(conn) => Ok(Some(conn)),
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the freed descriptor never came back"
-                );
-                std::thread::sleep(Duration::from_millis(10));
+                Err(e.to_string())
             }
             Err(e) => panic!("{e}"),
-        }
-    };
+        },
+    );
     let at_limit = || {
         let opened = std::fs::File::open("/dev/null");
         assert!(

@@ -5,35 +5,28 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Daemon, wait_until};
 use ladle_scheduler::allocation::GpuSelector;
-use ladle_scheduler::daemon::{self, DaemonConfig, DaemonError, GpuBackend, MpsMode};
+use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode};
 use ladle_scheduler::job::{JobSpec, JobState};
 use ladle_scheduler::journal::{Journal, Outcome, Record};
-use ladle_scheduler::policy::Policy;
 use ladle_scheduler::protocol::{self, AttemptLogs, GpuView, JobView, Request, Response};
 use ladle_scheduler::sys;
 use ladle_scheduler::telemetry::{NvmlOptions, NvmlTelemetry, Telemetry, TelemetryError};
 
 /// How long any wait may take before the test counts as hung.
 const HANG: Duration = Duration::from_secs(60);
-/// Between two looks at the daemon's answers.
-const POLL: Duration = Duration::from_millis(20);
 
-/// A daemon on a private state directory, in a thread; stopped (not joined) on drop so a
-/// failing test does not leave it running.
+/// The common daemon on a private state directory, with its job logs' directory beside it.
 struct TestDaemon {
-    _tmp: tempfile::TempDir,
+    daemon: Daemon,
     dir: PathBuf,
     logs: PathBuf,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Result<(), DaemonError>>>,
 }
 
 impl TestDaemon {
@@ -42,36 +35,14 @@ impl TestDaemon {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("state");
         let logs = tmp.path().join("shared/logs");
-        let mut config = DaemonConfig::new(dir.clone());
-        config.gpu = GpuBackend::Sim {
-            gpus: 1,
-            memory_mib: 40 * 1024,
-        };
+        let mut config = common::sim_config(&dir);
         config.mps = MpsMode::Off;
-        config.policy = Policy::named("exclusive").unwrap();
         config.tick = Duration::from_millis(50);
         configure(&mut config, &logs);
-        let stop = Arc::new(AtomicBool::new(false));
-        let handle = {
-            let stop = stop.clone();
-            std::thread::spawn(move || daemon::run(config, stop))
-        };
-        let deadline = Instant::now() + HANG;
-        while UnixStream::connect(daemon::socket_path(&dir)).is_err() {
-            assert!(
-                !handle.is_finished(),
-                "daemon quit: {:?}",
-                handle.join().unwrap()
-            );
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(POLL);
-        }
         Self {
-            _tmp: tmp,
+            daemon: Daemon::run(config, Some(tmp)),
             dir,
             logs,
-            stop,
-            handle: Some(handle),
         }
     }
 
@@ -109,16 +80,15 @@ impl TestDaemon {
 
     /// Waits until job `id`'s state satisfies `done`, and returns it.
     fn wait_job(&self, id: u64, what: &str, done: impl Fn(&JobState) -> bool) -> JobState {
-        let deadline = Instant::now() + HANG;
-        loop {
+        wait_until(&format!("job {id} {what}"), HANG, || {
             let (jobs, _) = self.queue();
             let job = jobs.iter().find(|j| j.id == id).unwrap();
             if done(&job.state) {
-                return job.state.clone();
+                Ok(Some(job.state.clone()))
+            } else {
+                Err(format!("{job:?}"))
             }
-            assert!(Instant::now() < deadline, "job {id} never {what}: {job:?}");
-            std::thread::sleep(POLL);
-        }
+        })
     }
 
     /// Waits until job `id` runs and its stdout holds `line`; returns its process group.
@@ -129,28 +99,19 @@ impl TestDaemon {
         let JobState::Running { pid: Some(pid), .. } = state else {
             unreachable!()
         };
-        let deadline = Instant::now() + HANG;
-        while !self
-            .logs(id)
-            .last()
-            .is_some_and(|a| a.stdout.lines().any(|l| l == line))
-        {
-            assert!(Instant::now() < deadline, "job {id} never printed {line:?}");
-            std::thread::sleep(POLL);
-        }
+        wait_until(&format!("job {id} printing {line:?}"), HANG, || {
+            let printed = self
+                .logs(id)
+                .last()
+                .is_some_and(|a| a.stdout.lines().any(|l| l == line));
+            Ok::<_, String>(printed.then_some(()))
+        });
         pid
     }
 
     /// Sets the stop flag and waits for `run` to return.
     fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let handle = self.handle.take().unwrap();
-        let deadline = Instant::now() + HANG;
-        while !handle.is_finished() {
-            assert!(Instant::now() < deadline, "the daemon did not stop");
-            std::thread::sleep(POLL);
-        }
-        handle.join().unwrap().unwrap();
+        self.daemon.stop();
     }
 
     /// The journaled end of job `id`'s last attempt.
@@ -169,12 +130,6 @@ impl TestDaemon {
                 _ => None,
             })
             .unwrap_or_else(|| panic!("no end journaled for job {id}"))
-    }
-}
-
-impl Drop for TestDaemon {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -94,19 +96,16 @@ fn a_kill_9_at_any_point_of_a_compaction_loses_no_acknowledged_record() {
 }
 
 mod daemon_retention {
-    use std::os::unix::net::UnixStream;
     use std::path::Path;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
-    use ladle_scheduler::daemon::{self, DaemonConfig, GpuBackend, MpsMode, Retention};
+    use ladle_scheduler::daemon::{self, MpsMode, Retention};
     use ladle_scheduler::job::{JobSpec, JobState};
-    use ladle_scheduler::policy::Policy;
     use ladle_scheduler::protocol::{self, JobView, Request, Response};
 
+    use crate::common::{self, Daemon, wait_until};
+
     const HANG: Duration = Duration::from_secs(60);
-    const POLL: Duration = Duration::from_millis(20);
 
     fn request(dir: &Path, request: &Request) -> Response {
         protocol::request(&daemon::socket_path(dir), request, HANG).unwrap()
@@ -122,33 +121,17 @@ mod daemon_retention {
     /// Runs a daemon on `dir` (2 finished jobs kept, files of 3, compaction after 8
     /// records) until `body` returns.
     fn with_daemon<T>(dir: &Path, body: impl FnOnce() -> T) -> T {
-        let mut config = DaemonConfig::new(dir.to_owned());
-        config.gpu = GpuBackend::Sim {
-            gpus: 1,
-            memory_mib: 40 * 1024,
-        };
+        let mut config = common::sim_config(dir);
         config.mps = MpsMode::Off;
-        config.policy = Policy::named("exclusive").unwrap();
         config.tick = Duration::from_millis(20);
         let mut retention = Retention::default();
         retention.keep_finished = 2;
         retention.keep_logs = 3;
         retention.compact_after = 8;
         config.retention = retention;
-        let stop = Arc::new(AtomicBool::new(false));
-        let handle = {
-            let stop = stop.clone();
-            std::thread::spawn(move || daemon::run(config, stop))
-        };
-        let deadline = Instant::now() + HANG;
-        while UnixStream::connect(daemon::socket_path(dir)).is_err() {
-            assert!(!handle.is_finished(), "{:?}", handle.join().unwrap());
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(POLL);
-        }
+        let mut daemon = Daemon::run(config, None);
         let out = body();
-        stop.store(true, Ordering::Relaxed);
-        handle.join().unwrap().unwrap();
+        daemon.stop();
         out
     }
 
@@ -171,13 +154,16 @@ mod daemon_retention {
             for _ in 0..6 {
                 submit(&dir);
             }
-            let deadline = Instant::now() + HANG;
             // Finished jobs may be forgotten by a compaction meanwhile: wait until none
             // is left to run.
-            while jobs(&dir).iter().any(|j| j.state != JobState::Succeeded) {
-                assert!(Instant::now() < deadline, "{:?}", jobs(&dir));
-                std::thread::sleep(POLL);
-            }
+            wait_until("every job succeeded", HANG, || {
+                let jobs = jobs(&dir);
+                if jobs.iter().all(|j| j.state == JobState::Succeeded) {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("{jobs:?}"))
+                }
+            });
         });
         let (kept, next) = with_daemon(&dir, || (jobs(&dir), submit(&dir)));
         let ids: Vec<u64> = kept.iter().map(|j| j.id).collect();

@@ -5,26 +5,22 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod common;
+
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ladle_scheduler::daemon::{self, DaemonConfig, DaemonError, GpuBackend, MpsMode};
+use common::{Daemon, wait_until};
+use ladle_scheduler::daemon::{self, MpsMode};
 use ladle_scheduler::estimate::Basis;
 use ladle_scheduler::job::{JobSpec, JobState};
 use ladle_scheduler::journal::{Journal, JournalError, Record};
-use ladle_scheduler::policy::Policy;
 use ladle_scheduler::protocol::{self, JobView, Request, Response};
 
 /// How long any wait may take before the test counts as hung.
 const HANG: Duration = Duration::from_secs(60);
-/// Between two looks at the daemon's answers.
-const POLL: Duration = Duration::from_millis(20);
 
 /// A size-limited tmpfs mounted on a private directory, unmounted on drop.
 struct SmallDisk {
@@ -153,48 +149,20 @@ fn an_append_on_a_full_disk_leaves_no_fragment_and_the_journal_reads_back_once_s
     assert_eq!(records, expected);
 }
 
-/// A daemon on a private state directory, in a thread; stopped on drop.
-struct TestDaemon {
-    dir: PathBuf,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Result<(), DaemonError>>>,
-}
+/// The common daemon on a state directory of the test's; stopped on drop.
+struct TestDaemon(Daemon);
 
 impl TestDaemon {
     /// Simulated GPUs, no MPS, a 50 ms tick, on `dir`.
     fn start(dir: &Path) -> Self {
-        let mut config = DaemonConfig::new(dir.to_owned());
-        config.gpu = GpuBackend::Sim {
-            gpus: 1,
-            memory_mib: 40 * 1024,
-        };
+        let mut config = common::sim_config(dir);
         config.mps = MpsMode::Off;
-        config.policy = Policy::named("exclusive").unwrap();
         config.tick = Duration::from_millis(50);
-        let stop = Arc::new(AtomicBool::new(false));
-        let handle = {
-            let stop = stop.clone();
-            std::thread::spawn(move || daemon::run(config, stop))
-        };
-        let deadline = Instant::now() + HANG;
-        while UnixStream::connect(daemon::socket_path(dir)).is_err() {
-            assert!(
-                !handle.is_finished(),
-                "daemon quit: {:?}",
-                handle.join().unwrap()
-            );
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(POLL);
-        }
-        Self {
-            dir: dir.to_owned(),
-            stop,
-            handle: Some(handle),
-        }
+        Self(Daemon::run(config, None))
     }
 
     fn request(&self, request: &Request) -> Response {
-        protocol::request(&daemon::socket_path(&self.dir), request, HANG).unwrap()
+        protocol::request(&daemon::socket_path(&self.0.dir), request, HANG).unwrap()
     }
 
     fn submit(&self, script: &str) -> Response {
@@ -216,33 +184,17 @@ impl TestDaemon {
     }
 
     fn wait_job(&self, id: u64, what: &str, done: impl Fn(&JobState) -> bool) -> JobState {
-        let deadline = Instant::now() + HANG;
-        loop {
+        wait_until(&format!("job {id} {what}"), HANG, || {
             let jobs = self.jobs();
-            if let Some(job) = jobs.iter().find(|j| j.id == id)
-                && done(&job.state)
-            {
-                return job.state.clone();
+            match jobs.iter().find(|j| j.id == id) {
+                Some(job) if done(&job.state) => Ok(Some(job.state.clone())),
+                _ => Err(format!("{jobs:?}")),
             }
-            assert!(Instant::now() < deadline, "job {id} never {what}: {jobs:?}");
-            std::thread::sleep(POLL);
-        }
+        })
     }
 
     fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(handle) = self.handle.take() {
-            handle.join().unwrap().unwrap();
-        }
-    }
-}
-
-impl Drop for TestDaemon {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
-        }
+        self.0.stop();
     }
 }
 

@@ -1,5 +1,6 @@
 //! A real daemon on its own state directory, in a thread of the test, over its real Unix
-//! socket; stopped (and its directory removed) on drop.
+//! socket; stopped (and its directory removed) on drop. And the tests' bounded wait
+//! ([`wait_until`]).
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
@@ -24,7 +25,8 @@ pub struct Daemon {
     pub dir: PathBuf,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), DaemonError>>>,
-    _tmp: tempfile::TempDir,
+    /// The directory `dir` is in, when the daemon owns it: removed once it has stopped.
+    _tmp: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
@@ -40,38 +42,55 @@ impl Daemon {
                 journal.append(r).unwrap();
             }
         }
-        let mut config = DaemonConfig::new(dir.clone());
-        config.gpu = GpuBackend::Sim {
-            gpus: 1,
-            memory_mib: 40 * 1024,
-        };
-        config.policy = Policy::named("exclusive").unwrap();
+        let mut config = sim_config(&dir);
         config.tick = Duration::from_millis(100);
         // Every job it is given is kept, however many: answers must fit whatever it holds.
         config.retention.keep_finished = 1_000_000;
         config.retention.keep_logs = 1_000_000;
         config.retention.keep_logs_for = None;
+        Self::run(config, Some(tmp))
+    }
+
+    /// A daemon with `config`, in a thread of the test; returns once its socket answers.
+    /// `tmp`, the temporary directory its state directory is in (if it has one of its own),
+    /// goes once the daemon has stopped.
+    pub fn run(config: DaemonConfig, tmp: Option<tempfile::TempDir>) -> Self {
+        let dir = config.dir.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
             std::thread::spawn(move || daemon::run(config, stop))
         };
-        let daemon = Self {
+        let mut daemon = Self {
             dir,
             stop,
             thread: Some(thread),
             _tmp: tmp,
         };
-        let deadline = Instant::now() + GUARD;
-        while !matches!(daemon.request(&Request::Feeds), Ok(Response::Feeds { .. })) {
-            assert!(
-                !daemon.thread.as_ref().unwrap().is_finished(),
-                "the daemon stopped"
-            );
-            assert!(Instant::now() < deadline, "the daemon did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until("the daemon answering", GUARD, || {
+            let last = match daemon.request(&Request::Feeds) {
+                Ok(Response::Feeds { .. }) => return Ok(Some(())),
+                Ok(other) => format!("{other:?}"),
+                Err(e) => e.to_string(),
+            };
+            if daemon.thread.as_ref().unwrap().is_finished() {
+                let ended = daemon.thread.take().unwrap().join();
+                panic!("the daemon stopped: {ended:?}");
+            }
+            Err(last)
+        });
         daemon
+    }
+
+    /// Sets the stop flag and waits for the daemon to stop; fails the test if it ends with an
+    /// error.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take().unwrap();
+        wait_until("the daemon stopping", GUARD, || {
+            Ok::<_, String>(thread.is_finished().then_some(()))
+        });
+        thread.join().unwrap().unwrap();
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -102,16 +121,59 @@ impl Daemon {
 
     /// Sends `request` until it is served (not refused for too many connections).
     pub fn served(&self, request: &Request) -> Response {
-        let deadline = Instant::now() + GUARD;
-        loop {
+        wait_until("the request served", GUARD, || {
             match self.request(request) {
-                Ok(Response::Error { message }) if message.contains("too many connections") => {}
-                Ok(answer) => return answer,
+                Ok(Response::Error { message }) if message.contains("too many connections") => {
+                    Err(message)
+                }
+                Ok(answer) => Ok(Some(answer)),
                 Err(e) => panic!("{e}"),
             }
-            assert!(Instant::now() < deadline, "never served again");
-            std::thread::sleep(Duration::from_millis(50));
+        })
+    }
+}
+
+/// One simulated GPU of 40 GiB and the exclusive policy, on the state directory `dir`; the
+/// rest as [`DaemonConfig::new`] has it: where every daemon of these tests starts from.
+pub fn sim_config(dir: &Path) -> DaemonConfig {
+    let mut config = DaemonConfig::new(dir.to_owned());
+    config.gpu = GpuBackend::Sim {
+        gpus: 1,
+        memory_mib: 40 * 1024,
+    };
+    config.policy = Policy::named("exclusive").unwrap();
+    config
+}
+
+/// Between two looks of [`wait_until`].
+const POLL: Duration = Duration::from_millis(20);
+
+/// Calls `look` until it returns `Some`, looking every 20 ms, and returns what it found; fails
+/// the test naming `what` (and `look`'s last `Err`, if it had one) after `timeout`. (As
+/// `ladle_tests::wait_until`, which this crate's tests cannot reach.)
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut look: impl FnMut() -> Result<Option<T>, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        match look() {
+            Ok(Some(found)) => return found,
+            Ok(None) => {}
+            Err(e) => last = e,
         }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not seen within {timeout:?} (a hang guard){}",
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!("; last: {last}")
+            }
+        );
+        std::thread::sleep(POLL);
     }
 }
 
