@@ -20,7 +20,8 @@ use ladle_ring::protocol::{
 };
 use ladle_ring::{CursorPage, ProtocolError, sys};
 
-use crate::{Member, ProducerError, Shared};
+use crate::ProducerError;
+use crate::members::{Member, Shared};
 
 /// How long a new connection has, in all, to say `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
