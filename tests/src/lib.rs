@@ -333,7 +333,8 @@ pub const REPORT_GUARD: Duration = Duration::from_secs(120);
 /// something to happen).
 const POLL: Duration = Duration::from_millis(20);
 
-/// Calls `look` until it returns `Some`, looking every 20 ms, and returns what it found; fails
+/// Calls `look` until it returns `Some`, looking every 20 ms at first and every 200 ms at
+/// most, and returns what it found; fails
 /// the test naming `what` (and `look`'s last `Err`, if it had one) after `timeout`.
 pub fn wait_until<T>(
     what: &str,
@@ -342,6 +343,9 @@ pub fn wait_until<T>(
 ) -> T {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
+    // Quick at first, then backing off to a fifth of a second: many looks spawn a process
+    // (`ladle queue`, `squeue`, `tmux`), which on a two-core machine is load of its own.
+    let mut poll = POLL;
     loop {
         match look() {
             Ok(Some(found)) => return found,
@@ -357,7 +361,8 @@ pub fn wait_until<T>(
                 format!("; last: {last}")
             }
         );
-        std::thread::sleep(POLL);
+        std::thread::sleep(poll);
+        poll = (poll * 2).min(Duration::from_millis(200));
     }
 }
 

@@ -158,6 +158,9 @@ pub fn wait_until<T>(
 ) -> T {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
+    // Quick at first, then backing off to a fifth of a second: many looks spawn a process
+    // (`ladle queue`, `squeue`, `tmux`), which on a two-core machine is load of its own.
+    let mut poll = POLL;
     loop {
         match look() {
             Ok(Some(found)) => return found,
@@ -173,7 +176,8 @@ pub fn wait_until<T>(
                 format!("; last: {last}")
             }
         );
-        std::thread::sleep(POLL);
+        std::thread::sleep(poll);
+        poll = (poll * 2).min(Duration::from_millis(200));
     }
 }
 
