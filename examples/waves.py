@@ -11,7 +11,7 @@ Two consumer processes, batch sizes 32 and 100, then read two epochs each and co
 sample with the source: the script exits 0 only if each epoch held every index exactly once
 and every field matched.
 
-    pip install ./consumer-sdk/python
+    pip install ./python
     python examples/waves.py
 """
 

@@ -21,7 +21,7 @@ in ``--json``).
 Usage (repository root, a GPU machine)::
 
     cargo build --release -p ladle
-    pip install ./consumer-sdk/python torch
+    pip install ./python torch
     python benches/gpu/h2d_bandwidth.py --batch-size 256 --rounds 30 --json h2d.json
 """
 

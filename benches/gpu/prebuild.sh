@@ -25,5 +25,5 @@ if ! command -v maturin >/dev/null; then
   target/maturin-venv/bin/pip install -q 'maturin>=1.9,<2'
   PATH=$PWD/target/maturin-venv/bin:$PATH
 fi
-(cd consumer-sdk/python && maturin build --release --out "../../$DIR/wheels")
+(cd python && maturin build --release --out "../$DIR/wheels")
 du -sh "$DIR"/bin/* "$DIR"/wheels/*

@@ -69,7 +69,7 @@ for line in sys.stdin:
         print(m["executable"])')
   LADLE_BIN=$REPO/target/release/ladle
   CUDA_CHECK=$REPO/target/release/examples/cuda_check
-  "$PY" -m venv --system-site-packages "$WORK/venv" && "$WORK/venv/bin/pip" install -q ./consumer-sdk/python \
+  "$PY" -m venv --system-site-packages "$WORK/venv" && "$WORK/venv/bin/pip" install -q ./python \
     >>"$LOGS/build.log" 2>&1 || { log "pip install of the Python package failed"; exit 1; }
   PY=$WORK/venv/bin/python
 else

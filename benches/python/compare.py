@@ -43,7 +43,7 @@ batch costs the training process), and peak memory (the largest sum of PSS over 
 system's processes, sampled once a second; PSS splits shared pages fairly between the
 processes that map them).
 
-Usage (from the repository root, after ``pip install ./consumer-sdk/python`` and
+Usage (from the repository root, after ``pip install ./python`` and
 ``pip install torch torchvision pillow tensorsocket==0.0.5 matplotlib psutil``)::
 
     cargo build --release -p ladle

@@ -12,7 +12,7 @@ its resumed epoch, on its first lap. Reported is the calling thread's CPU time p
 (``time.thread_time`` around ``next()`` and the release: the gather copy runs on this
 thread, waits for the producer cost no CPU), median over the batches.
 
-Usage (after ``pip install ./consumer-sdk/python`` and ``cargo build --release -p ladle``)::
+Usage (after ``pip install ./python`` and ``cargo build --release -p ladle``)::
 
     python benches/python/group_cost.py --dataset /tmp/gen1000 --rounds 3
 """

@@ -1,4 +1,4 @@
-//! Used from build scripts (`cli/build.rs`, `consumer-sdk/python/build.rs`) so that every
+//! Used from build scripts (`cli/build.rs`, `python/build.rs`) so that every
 //! `--version` says what it was built from: the version, the git commit, and the crate's
 //! enabled features. Sits below everything in `docs/ARCHITECTURE.md`'s picture: no ladle code,
 //! only the build's environment and `git`.

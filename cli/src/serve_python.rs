@@ -138,7 +138,7 @@ fn check_importable(python: &std::path::Path, spec: &str) -> anyhow::Result<()> 
     bail!(
         "cannot serve the Python dataset {spec}: {why}. \
          Install it in the environment your dataset lives in (`pip install ladle-*.whl`, or \
-         `pip install ./consumer-sdk/python` from the source tree), or point ${PYTHON_ENV} at \
+         `pip install ./python` from the source tree), or point ${PYTHON_ENV} at \
          that environment's python"
     )
 }

@@ -1,4 +1,3 @@
-
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use ladle_observe::series::{GpuRow, SchedulerRow};

@@ -1,4 +1,3 @@
-
 use std::collections::{BTreeSet, HashSet};
 
 use proptest::prelude::*;

@@ -1,4 +1,3 @@
-
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use super::*;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 const GIB: u64 = 1024;

@@ -1,4 +1,3 @@
-
 use super::generate::{GenerateConfig, generate};
 use super::*;
 

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// Behaviour every backend shows, written once over `dyn Telemetry` and run on each backend.

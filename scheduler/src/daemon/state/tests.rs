@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn spec(lr: &str, declared: Option<u64>) -> JobSpec {

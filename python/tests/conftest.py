@@ -22,7 +22,7 @@ import pytest
 # be Ctrl-C: a handler here is reset to the default in every child.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DATASET_LEN = 600
 IMAGE = 32
 
