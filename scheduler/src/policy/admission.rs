@@ -360,7 +360,13 @@ impl Admission {
         });
     }
 
-    pub(super) fn apply(&self, now: f64, job: &Pending, placement: &Placement, gpus: &mut [GpuState]) {
+    pub(super) fn apply(
+        &self,
+        now: f64,
+        job: &Pending,
+        placement: &Placement,
+        gpus: &mut [GpuState],
+    ) {
         for &i in &placement.gpus {
             let g = &mut gpus[i];
             g.jobs += 1;

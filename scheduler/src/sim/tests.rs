@@ -1,5 +1,6 @@
 use super::generate::{GenerateConfig, generate};
 use super::*;
+use crate::window::WINDOW;
 
 fn job(id: &str, submit_s: f64, duration_s: f64, mem_mib: u64, sm: f64) -> TraceJob {
     TraceJob {
