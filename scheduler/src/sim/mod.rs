@@ -1,12 +1,12 @@
 //! The trace simulator: a deterministic discrete-event replay of a trace on N simulated
-//! GPUs, admitting jobs with the same [`Admission`] engine the daemon uses.
+//! GPUs, admitting jobs with the same [`Admission`](crate::policy::Admission) engine the daemon uses.
 //!
 //! ## Model
 //! - **Events**: arrivals, completions, out-of-memory crashes, and a telemetry tick every
 //!   second (the daemon's 1 Hz) that samples the simulated GPUs into 30-sample windows.
 //!   Admission runs after every event, as the daemon's loop does after a submit, a job's
 //!   end, or a tick.
-//! - **Quiet stretches are skipped**: once [`WINDOW`] ticks in a row changed nothing (no
+//! - **Quiet stretches are skipped**: once [`WINDOW`](crate::window::WINDOW) ticks in a row changed nothing (no
 //!   arrival, end or placement), the windows hold thirty copies of the same sample and
 //!   admission has refused the same queue on the same GPUs, so every further tick would do
 //!   the same. The clock then jumps to the first tick at or after the next arrival, end,
