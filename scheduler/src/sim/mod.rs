@@ -26,7 +26,7 @@
 //!   exceeds its own MPS limit, crashes out of memory [`SimConfig::oom_after_s`] seconds later
 //!   (10 s: the framework's first allocations), releasing its GPUs. Its observed peak is its
 //!   memory, or its limit if that stopped it. It goes back to the head of the queue flagged
-//!   [`Pending::exclusive`]: with learned estimates (`ladle`) asking for 1.1 × the observed
+//!   [`Pending::exclusive`](crate::policy::Pending::exclusive): with learned estimates (`ladle`) asking for 1.1 × the observed
 //!   peak ([`Basis::Measured`]), alone until measured; otherwise (CARMA) with 1.5 × its
 //!   estimate, alone for its whole run. After [`SimConfig::max_oom_retries`] retries it counts
 //!   as failed ([`JobOutcome::failed`]) and is not run again.
@@ -35,7 +35,7 @@
 //!   [`SimConfig::default_estimate_mib`] (4096, the daemon's default) as a
 //!   [`Basis::Guess`], or with learned estimates its family's measured peak × 1.1 (a job
 //!   without a `family` is a family of its own). With learned estimates, a declaration is
-//!   scaled by [`Families::declared_factor`] at each admission round.
+//!   scaled by [`Families::declared_factor`](crate::estimate::Families::declared_factor) at each admission round.
 //! - **Measurement**: a job is measured [`Policy::measure_s`] seconds after it starts (the
 //!   windows are full by then: they fill in the first 30 s of the trace). Its peak is then
 //!   known: its family learns it, queued guesses of the family become measured estimates, a
