@@ -2,6 +2,7 @@
 //! mappings.
 
 use super::*;
+use ladle_ring::protocol::Welcome;
 
 /// Connects to `socket`, retrying for up to `wait` while no file exists there yet (a feed
 /// still starting); any other error, a refused connection included, is returned at once.
@@ -100,155 +101,9 @@ impl Consumer {
         }
         let started = std::time::Instant::now();
         let timeout = config.handshake_timeout.max(Duration::from_millis(1));
-        let connected = connect_waiting(&socket, config.connect_timeout, timeout);
-        let (sock, deadline) = match connected {
-            Ok(connected) => connected,
-            Err(e) if e.kind() == ErrorKind::NotFound && config.connect_timeout.is_zero() => {
-                return Err(ConnectError::SocketMissing { socket });
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(ConnectError::SocketNeverAppeared {
-                    socket,
-                    waited: started.elapsed(),
-                });
-            }
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                return Err(ConnectError::NoProducer { socket });
-            }
-            Err(e) if e.kind() == ErrorKind::TimedOut => {
-                return Err(ConnectError::HandshakeTimeout { socket, timeout });
-            }
-            Err(source) => return Err(ConnectError::Connect { socket, source }),
-        };
-        let ours = sys::my_uid();
-        let peer = match sys::peer_uid(&sock) {
-            Ok(peer) => peer,
-            Err(e) => {
-                return Err(ConnectError::Connect {
-                    socket,
-                    source: e.into(),
-                });
-            }
-        };
-        if peer != ours {
-            return Err(ConnectError::ForeignPeer { socket, peer, ours });
-        }
-        // Sending `Hello` gets what is left of the handshake's time; reading `Welcome` is
-        // bounded by the deadline however the bytes trickle in (`recv_by`).
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        if let Err(source) = sock.set_write_timeout(Some(left)) {
-            return Err(ConnectError::Connect { socket, source });
-        }
-
-        let hello = ClientMessage::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            batch_size: config.batch_size,
-            drop_last: config.drop_last,
-            name: config.name.clone(),
-            pid: std::process::id(),
-            group: config.group.as_ref().map(|g| GroupHello {
-                name: g.name.clone(),
-                rank: g.rank,
-                world_size: g.world_size,
-                timeout_ms: u64::try_from(config.group_timeout.as_millis()).unwrap_or(u64::MAX),
-            }),
-        });
-        let handshake_error = |source: ProtocolError, socket: PathBuf| match source {
-            ProtocolError::Io(e)
-                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-            {
-                ConnectError::HandshakeTimeout { socket, timeout }
-            }
-            source => ConnectError::Protocol { socket, source },
-        };
-        if let Err(e) = protocol::send(&sock, &hello, &[]) {
-            return Err(handshake_error(e, socket));
-        }
-        let (message, fds) = match receive_welcome(&sock, &socket, &config, started, deadline) {
-            Ok(received) => received,
-            Err(Ok(e)) => return Err(handshake_error(e, socket)),
-            Err(Err(e)) => return Err(e),
-        };
-        // From here on the timeouts bound the reading (and writing) of one frame that has
-        // begun to arrive.
-        if let Err(source) = sock
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| sock.set_write_timeout(Some(timeout)))
-        {
-            return Err(ConnectError::Connect { socket, source });
-        }
-        let welcome = match message {
-            ServerMessage::Welcome(welcome) => welcome,
-            ServerMessage::Reject { reason }
-            | ServerMessage::End { reason }
-            | ServerMessage::Detached { reason } => {
-                return Err(ConnectError::Rejected { socket, reason });
-            }
-            ServerMessage::Rejoined { .. }
-            | ServerMessage::Stats(_)
-            | ServerMessage::GroupWaiting { .. }
-            | ServerMessage::GroupIncomplete { .. }
-            | ServerMessage::GroupBroken { .. } => {
-                return Err(ConnectError::Protocol {
-                    socket,
-                    source: ProtocolError::Malformed("an answer other than Welcome".into()),
-                });
-            }
-        };
-        if welcome.version != PROTOCOL_VERSION {
-            return Err(ConnectError::Version {
-                socket,
-                ours: PROTOCOL_VERSION,
-                theirs: welcome.version,
-            });
-        }
-        let [ring_fd, cursor_fd]: [OwnedFd; 2] = match fds.try_into() {
-            Ok(fds) => fds,
-            Err(fds) => {
-                return Err(ConnectError::MissingFds {
-                    socket,
-                    got: fds.len(),
-                });
-            }
-        };
-        // Re-validate the shape: a zero capacity or odd granule must not reach the slot math.
-        let sent = welcome.layout;
-        let layout = match RingLayout::new(sent.capacity, sent.schema) {
-            Ok(layout) => layout,
-            Err(source) => return Err(ConnectError::Layout { socket, source }),
-        };
-        if u64::from(config.batch_size) > layout.max_batch() {
-            return Err(ConnectError::BatchTooLarge {
-                socket,
-                batch_size: config.batch_size,
-                max: layout.max_batch(),
-            });
-        }
-        if welcome.dataset.len == 0 {
-            return Err(ConnectError::EmptyDataset { socket });
-        }
-        if welcome.start_seq.checked_add(welcome.dataset.len).is_none() {
-            return Err(ConnectError::SequenceOverflow {
-                socket,
-                start_seq: welcome.start_seq,
-                len: welcome.dataset.len,
-            });
-        }
-        // Only memory whose size is sealed: a file the producer could shrink under the mapping
-        // would kill this process with SIGBUS at its next read.
-        for (fd, file) in [(&ring_fd, "ring"), (&cursor_fd, "cursor page")] {
-            if !shm::size_sealed(fd.as_fd()) {
-                return Err(ConnectError::UnsealedMemory { socket, file });
-            }
-        }
-        let mapped = ConsumerRing::map(ring_fd.as_fd(), layout)
-            .and_then(|ring| Ok((ring, CursorPage::map(cursor_fd.as_fd())?)));
-        let (ring, cursor) = match mapped {
-            Ok(mapped) => mapped,
-            Err(source) => return Err(ConnectError::Shm { socket, source }),
-        };
+        let (sock, deadline) = open_checked(&socket, &config, started, timeout)?;
+        let (welcome, fds) = handshake(&sock, &socket, &config, started, deadline, timeout)?;
+        let (ring, cursor) = map_welcome(&socket, &config, &welcome, fds)?;
         tracing::info!(
             socket = %socket.display(),
             consumer_id = welcome.consumer_id,
@@ -324,4 +179,233 @@ impl Consumer {
         let socket = config::socket_from_env(std::env::var_os(config::SOCKET_ENV).as_deref())?;
         Self::connect(socket, config)
     }
+}
+
+/// Connects to `socket` (waiting for it as `config` says) and checks that the peer runs as
+/// our user; returns the stream, with what is left of the handshake's time as its write
+/// timeout, and the handshake's deadline.
+fn open_checked(
+    socket: &Path,
+    config: &ConsumerConfig,
+    started: Instant,
+    timeout: Duration,
+) -> Result<(UnixStream, Instant), ConnectError> {
+    let connected = connect_waiting(socket, config.connect_timeout, timeout);
+    let (sock, deadline) = match connected {
+        Ok(connected) => connected,
+        Err(e) if e.kind() == ErrorKind::NotFound && config.connect_timeout.is_zero() => {
+            return Err(ConnectError::SocketMissing {
+                socket: socket.to_owned(),
+            });
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return Err(ConnectError::SocketNeverAppeared {
+                socket: socket.to_owned(),
+                waited: started.elapsed(),
+            });
+        }
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+            return Err(ConnectError::NoProducer {
+                socket: socket.to_owned(),
+            });
+        }
+        Err(e) if e.kind() == ErrorKind::TimedOut => {
+            return Err(ConnectError::HandshakeTimeout {
+                socket: socket.to_owned(),
+                timeout,
+            });
+        }
+        Err(source) => {
+            return Err(ConnectError::Connect {
+                socket: socket.to_owned(),
+                source,
+            });
+        }
+    };
+    let ours = sys::my_uid();
+    let peer = match sys::peer_uid(&sock) {
+        Ok(peer) => peer,
+        Err(e) => {
+            return Err(ConnectError::Connect {
+                socket: socket.to_owned(),
+                source: e.into(),
+            });
+        }
+    };
+    if peer != ours {
+        return Err(ConnectError::ForeignPeer {
+            socket: socket.to_owned(),
+            peer,
+            ours,
+        });
+    }
+    // Sending `Hello` gets what is left of the handshake's time; reading `Welcome` is
+    // bounded by the deadline however the bytes trickle in (`recv_by`).
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    if let Err(source) = sock.set_write_timeout(Some(left)) {
+        return Err(ConnectError::Connect {
+            socket: socket.to_owned(),
+            source,
+        });
+    }
+
+    Ok((sock, deadline))
+}
+
+/// Says `Hello` and reads the producer's `Welcome` (with the ring's file descriptors) by
+/// `deadline`; a refusal, another answer or another protocol version is an error.
+fn handshake(
+    sock: &UnixStream,
+    socket: &Path,
+    config: &ConsumerConfig,
+    started: Instant,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(Welcome, Vec<OwnedFd>), ConnectError> {
+    let hello = ClientMessage::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        batch_size: config.batch_size,
+        drop_last: config.drop_last,
+        name: config.name.clone(),
+        pid: std::process::id(),
+        group: config.group.as_ref().map(|g| GroupHello {
+            name: g.name.clone(),
+            rank: g.rank,
+            world_size: g.world_size,
+            timeout_ms: u64::try_from(config.group_timeout.as_millis()).unwrap_or(u64::MAX),
+        }),
+    });
+    let handshake_error = |source: ProtocolError, socket: PathBuf| match source {
+        ProtocolError::Io(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            ConnectError::HandshakeTimeout {
+                socket: socket.to_owned(),
+                timeout,
+            }
+        }
+        source => ConnectError::Protocol {
+            socket: socket.to_owned(),
+            source,
+        },
+    };
+    if let Err(e) = protocol::send(sock, &hello, &[]) {
+        return Err(handshake_error(e, socket.to_owned()));
+    }
+    let (message, fds) = match receive_welcome(sock, socket, config, started, deadline) {
+        Ok(received) => received,
+        Err(Ok(e)) => return Err(handshake_error(e, socket.to_owned())),
+        Err(Err(e)) => return Err(e),
+    };
+    // From here on the timeouts bound the reading (and writing) of one frame that has
+    // begun to arrive.
+    if let Err(source) = sock
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| sock.set_write_timeout(Some(timeout)))
+    {
+        return Err(ConnectError::Connect {
+            socket: socket.to_owned(),
+            source,
+        });
+    }
+    let welcome = match message {
+        ServerMessage::Welcome(welcome) => welcome,
+        ServerMessage::Reject { reason }
+        | ServerMessage::End { reason }
+        | ServerMessage::Detached { reason } => {
+            return Err(ConnectError::Rejected {
+                socket: socket.to_owned(),
+                reason,
+            });
+        }
+        ServerMessage::Rejoined { .. }
+        | ServerMessage::Stats(_)
+        | ServerMessage::GroupWaiting { .. }
+        | ServerMessage::GroupIncomplete { .. }
+        | ServerMessage::GroupBroken { .. } => {
+            return Err(ConnectError::Protocol {
+                socket: socket.to_owned(),
+                source: ProtocolError::Malformed("an answer other than Welcome".into()),
+            });
+        }
+    };
+    if welcome.version != PROTOCOL_VERSION {
+        return Err(ConnectError::Version {
+            socket: socket.to_owned(),
+            ours: PROTOCOL_VERSION,
+            theirs: welcome.version,
+        });
+    }
+    Ok((welcome, fds))
+}
+
+/// Checks what `welcome` describes (layout, batch size, dataset length, sealed sizes) and
+/// maps the ring and the cursor page it hands over in `fds`.
+fn map_welcome(
+    socket: &Path,
+    config: &ConsumerConfig,
+    welcome: &Welcome,
+    fds: Vec<OwnedFd>,
+) -> Result<(ConsumerRing, CursorPage), ConnectError> {
+    let [ring_fd, cursor_fd]: [OwnedFd; 2] = match fds.try_into() {
+        Ok(fds) => fds,
+        Err(fds) => {
+            return Err(ConnectError::MissingFds {
+                socket: socket.to_owned(),
+                got: fds.len(),
+            });
+        }
+    };
+    // Re-validate the shape: a zero capacity or odd granule must not reach the slot math.
+    let sent = welcome.layout.clone();
+    let layout = match RingLayout::new(sent.capacity, sent.schema) {
+        Ok(layout) => layout,
+        Err(source) => {
+            return Err(ConnectError::Layout {
+                socket: socket.to_owned(),
+                source,
+            });
+        }
+    };
+    if u64::from(config.batch_size) > layout.max_batch() {
+        return Err(ConnectError::BatchTooLarge {
+            socket: socket.to_owned(),
+            batch_size: config.batch_size,
+            max: layout.max_batch(),
+        });
+    }
+    if welcome.dataset.len == 0 {
+        return Err(ConnectError::EmptyDataset {
+            socket: socket.to_owned(),
+        });
+    }
+    if welcome.start_seq.checked_add(welcome.dataset.len).is_none() {
+        return Err(ConnectError::SequenceOverflow {
+            socket: socket.to_owned(),
+            start_seq: welcome.start_seq,
+            len: welcome.dataset.len,
+        });
+    }
+    // Only memory whose size is sealed: a file the producer could shrink under the mapping
+    // would kill this process with SIGBUS at its next read.
+    for (fd, file) in [(&ring_fd, "ring"), (&cursor_fd, "cursor page")] {
+        if !shm::size_sealed(fd.as_fd()) {
+            return Err(ConnectError::UnsealedMemory {
+                socket: socket.to_owned(),
+                file,
+            });
+        }
+    }
+    let mapped = ConsumerRing::map(ring_fd.as_fd(), layout)
+        .and_then(|ring| Ok((ring, CursorPage::map(cursor_fd.as_fd())?)));
+    let (ring, cursor) = match mapped {
+        Ok(mapped) => mapped,
+        Err(source) => {
+            return Err(ConnectError::Shm {
+                socket: socket.to_owned(),
+                source,
+            });
+        }
+    };
+    Ok((ring, cursor))
 }
