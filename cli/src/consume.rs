@@ -155,16 +155,20 @@ fn per_second(samples: u64, elapsed: Duration) -> f64 {
     }
 }
 
-pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+/// Joins the feed `args` names (or `$LADLE_SOCKET` names) as a consumer configured by
+/// `args`, resumed from `--resume` if given, and says so unless `--json`.
+fn join(args: &ConsumeArgs) -> anyhow::Result<Consumer> {
     let mut config = ConsumerConfig {
         batch_size: args.batch_size,
         drop_last: args.drop_last,
         ..ConsumerConfig::default()
     };
-    if let Some(name) = args.name {
+    if let Some(name) = args.name.clone() {
         config.name = name;
     }
-    if let (Some(name), Some(rank), Some(world_size)) = (args.group, args.rank, args.world_size) {
+    if let (Some(name), Some(rank), Some(world_size)) =
+        (args.group.clone(), args.rank, args.world_size)
+    {
         config.group = Some(GroupSpec {
             name,
             rank,
@@ -194,19 +198,24 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             .load_position(&position)
             .with_context(|| format!("resuming from {}", path.display()))?;
     }
-    let dataset = consumer.dataset();
     if !args.json {
         eprintln!(
             "joined {} as consumer {} ({}): {} samples of `{}` from {}, batches of {}",
             consumer.socket().display(),
             consumer.consumer_id(),
             consumer.config().name,
-            dataset.len,
+            consumer.dataset().len,
             consumer.schema(),
-            dataset.source,
+            consumer.dataset().source,
             args.batch_size,
         );
     }
+    Ok(consumer)
+}
+
+pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+    let consumer = join(&args)?;
+    let dataset = consumer.dataset();
     let step = Duration::from_millis(args.step_ms);
     let started = Instant::now();
     let mut total_samples = 0u64;

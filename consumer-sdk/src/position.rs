@@ -317,6 +317,8 @@ impl SavedPosition {
 
     /// Reads a position [`SavedPosition::encode`] wrote (any of [`READABLE_VERSIONS`]).
     /// Never panics; refuses, with what is wrong, anything else.
+    // Long (~170 lines) on purpose: it reads the format's fields in their byte order, each
+    // checked where it is read, so that the layout is in one place to compare with `encode`.
     pub fn decode(bytes: &[u8]) -> Result<Self, PositionError> {
         if !bytes.starts_with(&MAGIC) {
             return Err(if MAGIC.starts_with(bytes) && !bytes.is_empty() {

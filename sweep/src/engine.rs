@@ -181,6 +181,8 @@ pub fn transform_key(config: &ProducerConfig) -> String {
 /// A scheduler that cannot be reached or refuses a run, a feed that cannot start or fails,
 /// files of `out` that cannot be written. A sweep whose runs fail is not an error: the
 /// report says so.
+// About 160 lines of orchestration, in order (directory and ledger, scheduler, feed,
+// observers, runs, the report); each phase is a function of `engine/`.
 pub fn run(
     config: SweepConfig,
     observe: StartObserver,

@@ -60,6 +60,8 @@ fn instant(api_base: &str, promql: &str) -> Option<f64> {
         .ok()
 }
 
+// Long on purpose: one scripted scenario (a feed, a scheduler, a job, a real Prometheus
+// scraping both) whose steps depend on each other.
 #[test]
 fn a_real_prometheus_scrapes_the_feed_and_the_scheduler_and_reads_their_metrics_back() {
     let Some(prometheus) = prometheus_binary() else {
