@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use ladle_procs::{Output, Proc, Signal};
 use ladle_ring::protocol::FeedStats;
 
+pub mod scheduler;
 pub mod slurm;
 
 /// The `ladle` binary of this build, built on first use with the same profile as the tests.
