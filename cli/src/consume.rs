@@ -192,8 +192,8 @@ fn join(args: &ConsumeArgs) -> anyhow::Result<Consumer> {
     };
     if let Some(path) = &args.resume {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let position =
-            SavedPosition::decode(&bytes).with_context(|| format!("reading {}", path.display()))?;
+        let position = SavedPosition::decode_for(&bytes, consumer.dataset().len)
+            .with_context(|| format!("reading {}", path.display()))?;
         consumer
             .load_position(&position)
             .with_context(|| format!("resuming from {}", path.display()))?;

@@ -55,7 +55,9 @@
 //! before the checksum has been checked: a bitmap must be present in full, a list's count
 //! is at most the bytes left, strings are at most the bytes left. Only a checksummed position
 //! of a long dataset gets its `N` bits allocated, and failing that is
-//! [`PositionError::OutOfMemory`].
+//! [`PositionError::OutOfMemory`]. A consumer loads through [`SavedPosition::decode_for`],
+//! which refuses a position of another length than its feed's before allocating anything:
+//! a well-formed 260-byte position claiming 2^33 samples once cost 1 GiB.
 
 use ladle_ring::protocol::FeedIdentity;
 
@@ -316,10 +318,28 @@ impl SavedPosition {
     }
 
     /// Reads a position [`SavedPosition::encode`] wrote (any of [`READABLE_VERSIONS`]).
-    /// Never panics; refuses, with what is wrong, anything else.
-    // Long (~170 lines) on purpose: it reads the format's fields in their byte order, each
-    // checked where it is read, so that the layout is in one place to compare with `encode`.
+    /// Never panics; refuses, with what is wrong, anything else. Loading into a consumer,
+    /// prefer [`SavedPosition::decode_for`] (the feed's length bounds what is allocated).
     pub fn decode(bytes: &[u8]) -> Result<Self, PositionError> {
+        Self::decode_checked(bytes, None)
+    }
+
+    /// [`SavedPosition::decode`] for a feed of `feed_len` samples: a position of another
+    /// length is refused ([`PositionError::OtherFeed`], field `length`) before anything is
+    /// allocated for its delivered set, so a crafted position claiming 2^40 samples costs
+    /// nothing.
+    pub fn decode_for(bytes: &[u8], feed_len: u64) -> Result<Self, PositionError> {
+        Self::decode_checked(bytes, Some(feed_len))
+    }
+
+    /// The feed identity a position was saved against, read from its header without
+    /// allocating for its delivered set: a cheap first check (is it a position at all?).
+    pub fn identity_of(bytes: &[u8]) -> Result<FeedIdentity, PositionError> {
+        let mut r = Self::header(bytes)?;
+        Self::read_identity(&mut r)
+    }
+
+    fn header(bytes: &[u8]) -> Result<Reader<'_>, PositionError> {
         if !bytes.starts_with(&MAGIC) {
             return Err(if MAGIC.starts_with(bytes) && !bytes.is_empty() {
                 truncated("magic", 0, MAGIC.len() as u64, bytes.len())
@@ -338,20 +358,40 @@ impl SavedPosition {
                 supported: READABLE_VERSIONS,
             });
         }
+        Ok(r)
+    }
+
+    fn read_identity(r: &mut Reader<'_>) -> Result<FeedIdentity, PositionError> {
         let source = r.str("feed source")?;
         let len = r.u64("feed length")?;
         let classes = r.str("feed class names")?;
         let seed = r.u64("feed seed")?;
         let transform = r.str("feed transform")?;
         let schema = r.str("feed schema")?;
-        let identity = FeedIdentity {
+        Ok(FeedIdentity {
             source,
             len,
             classes,
             seed,
             transform,
             schema,
-        };
+        })
+    }
+
+    // Long (~170 lines) on purpose: it reads the format's fields in their byte order, each
+    // checked where it is read, so that the layout is in one place to compare with `encode`.
+    fn decode_checked(bytes: &[u8], feed_len: Option<u64>) -> Result<Self, PositionError> {
+        let mut r = Self::header(bytes)?;
+        let identity = Self::read_identity(&mut r)?;
+        if let Some(feed_len) = feed_len
+            && identity.len != feed_len
+        {
+            return Err(PositionError::OtherFeed {
+                field: "length",
+                saved: identity.len.to_string(),
+                served: feed_len.to_string(),
+            });
+        }
         let epoch = r.u64("epoch")?;
         let batch_size = r.u32("batch size")?;
         let drop_last = match r.u8("drop_last")? {

@@ -203,9 +203,10 @@ impl PyConsumer {
             config.name = name;
         }
         // A state that is no position fails here, before this rank keeps the others waiting.
-        let position = state.as_ref().map(state::position_of).transpose()?;
+        let position = state.as_ref().map(state::position_bytes).transpose()?;
         let consumer = state::connect(py, socket, config)?;
-        if let Some(position) = position {
+        if let Some(bytes) = position {
+            let position = state::position_for(&consumer, &bytes)?;
             state::load(py, &consumer, &position)?;
         }
         Ok(Self {
@@ -225,7 +226,8 @@ impl PyConsumer {
     /// follow. ValueError for a corrupt state or one of another feed, group or rank;
     /// RuntimeError once an epoch has begun.
     fn load_state_dict(&self, py: Python<'_>, state: Bound<'_, PyAny>) -> PyResult<()> {
-        let position = state::position_of(&state)?;
+        let bytes = state::position_bytes(&state)?;
+        let position = state::position_for(&self.inner, &bytes)?;
         state::load(py, &self.inner, &position)
     }
 

@@ -188,11 +188,19 @@ pub(crate) fn state_dict<'py>(
     Ok(state)
 }
 
-/// The position in a state from `state_dict()` (the dict, or its `"ladle_position"` bytes),
-/// decoded: a `ValueError` when it is none, a `TypeError` for another type.
-pub(crate) fn position_of(state: &Bound<'_, PyAny>) -> PyResult<SavedPosition> {
+/// The encoded position in a state from `state_dict()` (the dict, or its
+/// `"ladle_position"` bytes), its header checked: a `ValueError` when it is no position, a
+/// `TypeError` for another type. Nothing is allocated for its delivered set yet.
+pub(crate) fn position_bytes(state: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     let bytes = encoded(state)?;
-    SavedPosition::decode(&bytes).map_err(position_error)
+    SavedPosition::identity_of(&bytes).map_err(position_error)?;
+    Ok(bytes)
+}
+
+/// The position `bytes` ([`position_bytes`]) for `consumer`'s feed, decoded: one of another
+/// length is a `ValueError` before anything is allocated for it.
+pub(crate) fn position_for(consumer: &Consumer, bytes: &[u8]) -> PyResult<SavedPosition> {
+    SavedPosition::decode_for(bytes, consumer.dataset().len).map_err(position_error)
 }
 
 /// The encoded position in `state`, copied (a `bytearray` may change under us).

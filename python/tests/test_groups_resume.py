@@ -388,6 +388,50 @@ def test_state_dict_is_a_plain_picklable_dict_and_bad_states_are_clear_errors(
     assert len(rest) == EVEN_LEN - 10 and len(set(rest)) == EVEN_LEN - 10
 
 
+def _fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _crafted_position(length: int) -> bytes:
+    """A well-formed position (right checksum, nothing delivered) claiming ``length`` samples:
+    what an attacker writes in 260 bytes whatever the length says."""
+    def text(s: str) -> bytes:
+        return len(s).to_bytes(4, "little") + s.encode()
+
+    out = b"LADLEPOS" + (1).to_bytes(4, "little")
+    out += text("data") + length.to_bytes(8, "little") + text("classes")
+    out += (7).to_bytes(8, "little") + text("transform") + text("schema")
+    out += (0).to_bytes(8, "little") + (10).to_bytes(4, "little") + b"\x00\x00"
+    out += length.to_bytes(8, "little") + b"\x01\x00"  # a delivered list of no index
+    return out + _fnv1a64(out).to_bytes(8, "little")
+
+
+def test_a_crafted_position_claiming_a_huge_length_is_a_value_error_that_costs_no_memory(
+    serve, even_dataset
+):
+    import resource
+
+    import ladle
+
+    producer = serve(even_dataset)
+    fresh = ladle.Consumer(producer.socket, 10)
+    for length in (1 << 33, 1 << 36, 1 << 40):
+        crafted = _crafted_position(length)
+        assert len(crafted) < 300
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+        with pytest.raises(ValueError, match="length"):
+            fresh.load_state_dict(crafted)
+        with pytest.raises(ValueError, match="length"):
+            ladle.Consumer(producer.socket, 10, state=crafted)
+        grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        # 2^33 bits are 1 GiB: refused by its length before any of it is allocated.
+        assert grown_mib < 256, f"{length}: the peak grew by {grown_mib:.0f} MiB"
+    del fresh
+
+
 def test_group_arguments_default_to_torchruns_variables_and_bad_ones_are_value_errors(
     serve, even_dataset, monkeypatch
 ):

@@ -454,3 +454,52 @@ proptest! {
         }
     }
 }
+
+/// A well-formed position (valid checksum, empty delivered list) claiming `len` samples,
+/// as an attacker would write one: its header costs nothing to make whatever `len` says.
+fn crafted(len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    put_str(&mut out, "data");
+    out.extend_from_slice(&len.to_le_bytes());
+    put_str(&mut out, "classes");
+    out.extend_from_slice(&7u64.to_le_bytes());
+    put_str(&mut out, "transform");
+    put_str(&mut out, "schema");
+    out.extend_from_slice(&0u64.to_le_bytes()); // epoch
+    out.extend_from_slice(&32u32.to_le_bytes()); // batch size
+    out.push(0); // drop_last
+    out.push(0); // no group
+    out.extend_from_slice(&len.to_le_bytes());
+    out.push(DELIVERED_LIST);
+    put_varint(&mut out, 0);
+    let sum = fnv1a64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+#[test]
+fn a_position_claiming_another_length_is_refused_before_anything_is_allocated_for_it() {
+    // The same bytes with the feed's length decode (the crafted position is well-formed).
+    let fits = SavedPosition::decode_for(&crafted(100), 100).unwrap();
+    assert_eq!(fits.delivered.len(), 100);
+    for claimed in [1u64 << 33, 1 << 36, 1 << 40] {
+        let bytes = crafted(claimed);
+        assert!(bytes.len() < 300, "{} bytes", bytes.len());
+        assert_eq!(SavedPosition::identity_of(&bytes).unwrap().len, claimed);
+        // Refused by length, not by memory: nothing of 2^33 bits (1 GiB) or more was tried.
+        match SavedPosition::decode_for(&bytes, 100) {
+            Err(PositionError::OtherFeed {
+                field: "length",
+                saved,
+                served,
+            }) => assert_eq!((saved, served), (claimed.to_string(), "100".to_owned())),
+            other => panic!("{claimed}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        SavedPosition::identity_of(b"not a position"),
+        Err(PositionError::NotAPosition)
+    );
+}
