@@ -93,6 +93,19 @@ if [ "$need_seeds" = 1 ]; then
   { printf '\001'; cat "$scratch/trace.csv"; } > "$scratch/trace"
   printf '\002{"event":"cancelled","id":1}\n{"event":"cancel' > "$scratch/journal"
   seed_dir scheduler_inputs "$scratch/frame" "$scratch/trace" "$scratch/journal"
+  # Real saved positions: a whole-epoch consumer's and a group rank's, from a tiny feed.
+  bin="$repo/target/release/ladle"
+  sock="$scratch/position.sock"
+  "$bin" serve --dataset "$gen/cifar10" --socket "$sock" --threads 1 2> /dev/null &
+  serve=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  "$bin" consume --socket "$sock" --batch-size 1 --epochs 1 \
+    --save-position "$scratch/position-whole" > /dev/null 2>&1
+  "$bin" consume --socket "$sock" --batch-size 1 --epochs 1 --group fuzz --rank 0 \
+    --world-size 1 --save-position "$scratch/position-rank" > /dev/null 2>&1
+  kill "$serve" 2> /dev/null || true
+  wait "$serve" 2> /dev/null || true
+  seed_dir saved_position "$scratch"/position-*
 fi
 
 # --- fuzzing --------------------------------------------------------------------------------
