@@ -180,7 +180,7 @@ fn inspect_cmd(args: InspectArgs) -> anyhow::Result<()> {
 }
 
 fn print_report(r: &InspectReport) {
-    println!("dataset   {}", r.path.display());
+    println!("dataset   {}", ladle_datasets::names::escape_path(&r.path));
     println!("format    {}", r.format);
     println!("samples   {}", r.samples);
     let mut names = r

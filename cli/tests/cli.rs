@@ -328,3 +328,54 @@ fn serve_of_a_python_dataset_names_what_is_missing_and_the_options_it_does_not_t
     assert!(failing(&["serve", "--socket", socket]).contains("nothing to serve"));
     assert!(!Path::new(socket).exists(), "a refused serve left a socket");
 }
+
+#[test]
+fn inspect_keeps_names_that_are_not_utf8_apart_in_json_and_in_text() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let made = dir.path().join("made");
+    generate("imagefolder", 20, &made);
+    // Two classes whose names differ only in a byte that is not UTF-8, under such a root.
+    let root = dir.path().join(OsStr::from_bytes(b"ds\xff"));
+    std::fs::rename(&made, &root).unwrap();
+    let mut classes: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    classes.sort();
+    std::fs::rename(&classes[0], root.join(OsStr::from_bytes(b"cl\xfe"))).unwrap();
+    std::fs::rename(&classes[1], root.join(OsStr::from_bytes(b"cl\xff"))).unwrap();
+    let inspect = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ladle"));
+        command.args(["dataset", "inspect"]).arg(&root);
+        if json {
+            command.arg("--json");
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("the report is UTF-8")
+    };
+    let report: serde_json::Value = serde_json::from_str(&inspect(true)).unwrap();
+    assert!(
+        report["path"].as_str().unwrap().ends_with("/ds\\xff"),
+        "{report}"
+    );
+    let names: Vec<&str> = (report["class_names"].as_array().unwrap().iter())
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"cl\\xfe") && names.contains(&"cl\\xff"),
+        "{names:?}"
+    );
+    let text = inspect(false);
+    assert!(
+        text.contains("cl\\xfe") && text.contains("cl\\xff") && text.contains("ds\\xff"),
+        "{text}"
+    );
+}

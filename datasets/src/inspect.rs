@@ -26,7 +26,9 @@ pub struct BadSample {
 pub struct InspectReport {
     /// The detected format.
     pub format: Format,
-    /// The dataset's path.
+    /// The dataset's path (in JSON as [`crate::names`] text: a path that is not UTF-8 keeps
+    /// its bytes as `\xNN`).
+    #[serde(serialize_with = "crate::names::serialize_path")]
     pub path: PathBuf,
     /// Samples in the index (bad samples found while indexing are not counted).
     pub samples: u64,

@@ -90,6 +90,7 @@ pub mod decode;
 mod error;
 pub mod formats;
 pub mod inspect;
+pub mod names;
 pub mod pipeline;
 pub mod rng;
 pub mod sampler;

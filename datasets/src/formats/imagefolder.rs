@@ -83,7 +83,8 @@ impl ImageFolder {
         let mut left_out = BTreeMap::new();
         let mut warnings = Vec::new();
         for (label, name) in class_dirs.iter().enumerate() {
-            let class = name.to_string_lossy().into_owned();
+            // Lossless: two folders whose names are not UTF-8 stay two names.
+            let class = crate::names::escape(name);
             let before = files.len();
             walk_class(&root.join(name), label as i64, &mut files, &mut left_out)?;
             if name.as_bytes().starts_with(b".") {
@@ -298,8 +299,8 @@ impl Dataset for ImageFolder {
 
     fn location(&self, index: u64) -> String {
         match check_index(index, self.files.len()) {
-            Ok(i) => self.files[i].0.display().to_string(),
-            Err(_) => format!("{}#{index}", self.root.display()),
+            Ok(i) => crate::names::escape_path(&self.files[i].0),
+            Err(_) => format!("{}#{index}", crate::names::escape_path(&self.root)),
         }
     }
 
