@@ -379,3 +379,57 @@ fn inspect_keeps_names_that_are_not_utf8_apart_in_json_and_in_text() {
         "{text}"
     );
 }
+
+#[test]
+fn a_fifo_or_a_link_to_dev_zero_named_like_an_image_is_a_bad_file_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    generate("imagefolder", 20, dir.path());
+    let class = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let fifo = class.join("zz.jpg");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    std::os::unix::fs::symlink("/dev/zero", class.join("zy.jpg")).unwrap();
+    // Once, a FIFO hung inspect (and every consumer) for ever, and /dev/zero grew it to all
+    // the memory it could have: run it with a deadline.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ladle"))
+        .args(["dataset", "inspect", "--json"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("ladle dataset inspect hung on a FIFO or /dev/zero (a hang guard)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["samples"], 22, "{report}");
+    let errors: Vec<String> = (report["errors"].as_array().unwrap().iter())
+        .map(|e| e["error"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("zz.jpg is a FIFO")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("zy.jpg is a character device")),
+        "{errors:?}"
+    );
+}

@@ -89,6 +89,15 @@ pub enum SampleError {
         #[source]
         source: io::Error,
     },
+    /// The sample's path is not a regular file (a FIFO, a device, a socket, a directory, or a
+    /// link to one): never read, as a FIFO would block and `/dev/zero` never ends.
+    #[error("{location} is {kind}, not a regular file: not read")]
+    NotAFile {
+        /// The path.
+        location: String,
+        /// What it is: `a FIFO`, `a character device`, ….
+        kind: &'static str,
+    },
     /// The sample's bytes are not a decodable image.
     #[error("cannot decode {location}: {source}")]
     Decode {
@@ -169,6 +178,7 @@ impl SampleError {
     pub fn location(&self) -> Option<&str> {
         match self {
             Self::Io { location, .. }
+            | Self::NotAFile { location, .. }
             | Self::Decode { location, .. }
             | Self::MissingLabel { location }
             | Self::BadLabel { location, .. }
