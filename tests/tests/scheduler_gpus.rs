@@ -341,6 +341,11 @@ fn a_queued_job_whose_gpus_a_restarted_scheduler_lacks_is_cancelled_not_run_else
     s.daemon = spawn_given(&mut s.fx, &["CUDA_VISIBLE_DEVICES=2"], &one_at_a_time);
     let job = s.wait_for(waiting, &["cancelled", "succeeded", "running"]);
     assert_eq!(job["state"], "cancelled", "{job}");
+    // The blocker outlived the first scheduler and was adopted: nothing left running.
+    let dir = s.dir_arg();
+    let done =
+        s.fx.run(&["cancel", "--dir", &dir, &blocker.to_string()], GUARD);
+    assert!(done.status.success(), "{}", done.stderr);
 }
 
 #[test]

@@ -255,6 +255,11 @@ fn two_users_cannot_see_cancel_or_join_each_others_jobs_and_feeds() {
         "Alice's own consumer: {}",
         mine.stderr
     );
+    // Jobs outlive their scheduler (the next one adopts them): each user cancels their own.
+    for (k, uid) in [ALICE, BOB].into_iter().enumerate() {
+        let done = u.run(uid, &["cancel", &job[k].to_string()]);
+        assert!(done.status.success(), "{uid}: {}", done.stderr);
+    }
 }
 
 #[test]
