@@ -37,6 +37,22 @@ struct Users {
 }
 
 impl Users {
+    /// A fixture for two users, or `None` (having said why the test skips) where they cannot
+    /// be made.
+    fn new() -> Option<Self> {
+        match setpriv() {
+            Ok(setpriv) => Some(Self {
+                fx: Fixture::new(),
+                setpriv: setpriv.to_str().unwrap().to_owned(),
+                ladle: ladle_bin().to_str().unwrap().to_owned(),
+            }),
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                None
+            }
+        }
+    }
+
     /// A home (mode 0700) for `uid` in the fixture's directory.
     fn home(&self, uid: u32) -> PathBuf {
         let home = self.fx.path().join(uid.to_string());
@@ -117,17 +133,8 @@ fn open_to_everyone(fx: &Path, path: &Path, mode: u32) {
 
 #[test]
 fn two_users_cannot_see_cancel_or_join_each_others_jobs_and_feeds() {
-    let setpriv = match setpriv() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-    let mut u = Users {
-        fx: Fixture::new(),
-        setpriv: setpriv.to_str().unwrap().to_owned(),
-        ladle: ladle_bin().to_str().unwrap().to_owned(),
+    let Some(mut u) = Users::new() else {
+        return;
     };
     // Others may pass through the test's folder (to their homes and the dataset), no more.
     std::fs::set_permissions(u.fx.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
@@ -264,17 +271,8 @@ fn two_users_cannot_see_cancel_or_join_each_others_jobs_and_feeds() {
 
 #[test]
 fn a_second_users_mps_is_refused_naming_the_first_ones_daemon() {
-    let setpriv = match setpriv() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-    let mut u = Users {
-        fx: Fixture::new(),
-        setpriv: setpriv.to_str().unwrap().to_owned(),
-        ladle: ladle_bin().to_str().unwrap().to_owned(),
+    let Some(mut u) = Users::new() else {
+        return;
     };
     std::fs::set_permissions(u.fx.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     // Alice's MPS control daemon: a program of that name that only waits.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ladle_scheduler::daemon::{self, DaemonConfig, DaemonError, GpuBackend};
 use ladle_scheduler::journal::{Journal, Record};
@@ -145,41 +145,8 @@ pub fn sim_config(dir: &Path) -> DaemonConfig {
     config
 }
 
-/// Between two looks of [`wait_until`].
-const POLL: Duration = Duration::from_millis(20);
-
-/// Calls `look` until it returns `Some`, looking every 20 ms, and returns what it found; fails
-/// the test naming `what` (and `look`'s last `Err`, if it had one) after `timeout`. (As
-/// `ladle_tests::wait_until`, which this crate's tests cannot reach.)
-pub fn wait_until<T>(
-    what: &str,
-    timeout: Duration,
-    mut look: impl FnMut() -> Result<Option<T>, String>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    let mut last = String::new();
-    // Quick at first, then backing off to a fifth of a second: many looks spawn a process
-    // (`ladle queue`, `squeue`, `tmux`), which on a two-core machine is load of its own.
-    let mut poll = POLL;
-    loop {
-        match look() {
-            Ok(Some(found)) => return found,
-            Ok(None) => {}
-            Err(e) => last = e,
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not seen within {timeout:?} (a hang guard){}",
-            if last.is_empty() {
-                String::new()
-            } else {
-                format!("; last: {last}")
-            }
-        );
-        std::thread::sleep(poll);
-        poll = (poll * 2).min(Duration::from_millis(200));
-    }
-}
+/// The tests' one deadline loop (a hang guard, never a speed assertion).
+pub use ladle_tests::wait_until;
 
 impl Drop for Daemon {
     fn drop(&mut self) {
