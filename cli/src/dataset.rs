@@ -102,6 +102,8 @@ pub(crate) struct InspectArgs {
     /// Decoding threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    limits: crate::serve::LimitArgs,
 }
 
 pub(crate) fn run(cmd: DatasetCommand) -> anyhow::Result<()> {
@@ -169,7 +171,9 @@ fn inspect_cmd(args: InspectArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read dataset {}", args.path.display()))?;
     let bar = progress::bar(dataset.len(), "decode");
     let threads = args.threads.unwrap_or_else(default_threads);
-    let report = ladle_datasets::inspect::inspect(dataset.as_ref(), threads, &|n| bar.inc(n))?;
+    let limits = args.limits.limits()?;
+    let report =
+        ladle_datasets::inspect::inspect(dataset.as_ref(), threads, limits, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     if args.json {
         crate::records::print_line(&serde_json::to_string(&report)?)?;

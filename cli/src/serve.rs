@@ -102,6 +102,37 @@ pub(crate) struct FeedOptions {
     /// feed no longer outruns it) or `lockstep` (every run goes at the slowest one's pace).
     #[arg(long, value_name = "skim|lockstep", default_value = "skim")]
     pacing: ladle_producer::Pacing,
+    #[command(flatten)]
+    pub(crate) limits: LimitArgs,
+}
+
+/// What one sample may cost: shared by `ladle serve`, `ladle sweep` and `ladle dataset
+/// inspect`, so that inspect finds the same bad samples a feed would.
+#[derive(Debug, Args)]
+pub(crate) struct LimitArgs {
+    /// The largest sample file (or WebDataset tar member) read, in MiB; a larger one is a bad
+    /// sample, refused from its size before a byte is read. The default, 512 MiB, is the
+    /// pixel budget's worth of uncompressed 8-bit RGB.
+    #[arg(long, value_name = "MIB", default_value_t = ladle_datasets::limits::DEFAULT_MAX_FILE_BYTES >> 20)]
+    max_file_mib: u64,
+    /// The most pixels (width × height, read from the header) an image may have, in every
+    /// format; a larger one is a bad sample, refused before it is decoded. The default is
+    /// where torchvision's loader (PIL) refuses an image as a decompression bomb.
+    #[arg(long, value_name = "N", default_value_t = ladle_datasets::limits::DEFAULT_MAX_PIXELS)]
+    max_pixels: u64,
+}
+
+impl LimitArgs {
+    /// The limits these options give.
+    pub(crate) fn limits(&self) -> anyhow::Result<ladle_datasets::SampleLimits> {
+        if self.max_file_mib == 0 || self.max_pixels == 0 {
+            anyhow::bail!("--max-file-mib and --max-pixels must be at least 1");
+        }
+        Ok(ladle_datasets::SampleLimits {
+            max_file_bytes: self.max_file_mib.saturating_mul(1 << 20),
+            max_pixels: self.max_pixels,
+        })
+    }
 }
 
 impl FeedOptions {
@@ -157,6 +188,7 @@ impl FeedOptions {
                 .transpose()?,
             read_ahead: self.read_ahead,
             pacing: self.pacing,
+            limits: self.limits.limits()?,
         };
         Ok((dataset, config))
     }

@@ -380,8 +380,25 @@ fn inspect_keeps_names_that_are_not_utf8_apart_in_json_and_in_text() {
     );
 }
 
+/// A 1-bit grey PNG of `side × side` zeros: a few KB declaring `side²` pixels.
+fn png_bomb(side: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, side, side);
+    encoder.set_color(png::ColorType::Grayscale);
+    encoder.set_depth(png::BitDepth::One);
+    let mut writer = encoder.write_header().unwrap();
+    let mut stream = writer.stream_writer().unwrap();
+    let row = vec![0u8; side.div_ceil(8) as usize];
+    for _ in 0..side {
+        std::io::Write::write_all(&mut stream, &row).unwrap();
+    }
+    stream.finish().unwrap();
+    writer.finish().unwrap();
+    out
+}
+
 #[test]
-fn a_fifo_or_a_link_to_dev_zero_named_like_an_image_is_a_bad_file_not_a_hang() {
+fn hostile_files_named_like_images_are_bad_files_that_cost_nothing_and_say_what_they_are() {
     let dir = tempfile::tempdir().unwrap();
     generate("imagefolder", 20, dir.path());
     let class = std::fs::read_dir(dir.path())
@@ -393,6 +410,11 @@ fn a_fifo_or_a_link_to_dev_zero_named_like_an_image_is_a_bad_file_not_a_hang() {
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success(), "mkfifo {}", fifo.display());
     std::os::unix::fs::symlink("/dev/zero", class.join("zy.jpg")).unwrap();
+    // 2 GiB that use no disk, and 268 megapixels in 33 KB: each was read or decoded whole.
+    let sparse = std::fs::File::create(class.join("zx.jpg")).unwrap();
+    sparse.set_len(2 << 30).unwrap();
+    drop(sparse);
+    std::fs::write(class.join("zw.png"), png_bomb(16_384)).unwrap();
     // Once, a FIFO hung inspect (and every consumer) for ever, and /dev/zero grew it to all
     // the memory it could have: run it with a deadline.
     let mut child = Command::new(env!("CARGO_BIN_EXE_ladle"))
@@ -417,11 +439,21 @@ fn a_fifo_or_a_link_to_dev_zero_named_like_an_image_is_a_bad_file_not_a_hang() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["samples"], 22, "{report}");
+    assert_eq!(report["samples"], 24, "{report}");
     let errors: Vec<String> = (report["errors"].as_array().unwrap().iter())
         .map(|e| e["error"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors.len(), 4, "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("zx.jpg is 2147483648 bytes, above the limit of")
+            && e.contains("--max-file-mib")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("zw.png")
+            && e.contains("16384x16384, above the limit of 178956970 pixels")),
+        "{errors:?}"
+    );
     assert!(
         errors.iter().any(|e| e.contains("zz.jpg is a FIFO")),
         "{errors:?}"
@@ -431,5 +463,53 @@ fn a_fifo_or_a_link_to_dev_zero_named_like_an_image_is_a_bad_file_not_a_hang() {
             .iter()
             .any(|e| e.contains("zy.jpg is a character device")),
         "{errors:?}"
+    );
+}
+
+#[test]
+fn the_limits_on_a_sample_are_options_that_inspect_applies_as_a_feed_would() {
+    let dir = tempfile::tempdir().unwrap();
+    generate("imagefolder", 6, dir.path());
+    let inspect = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ladle"))
+            .args(["dataset", "inspect", "--json"])
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let report = inspect(&[]);
+    assert_eq!(report["decoded"], 6, "{report}");
+    assert_eq!(report["limits"]["max_pixels"], 178_956_970, "{report}");
+    assert_eq!(report["limits"]["max_file_bytes"], 512 << 20, "{report}");
+    // Every generated image is 80x60, and its file far under 1 MiB: the pixel limit alone
+    // refuses them.
+    let report = inspect(&["--max-pixels", "100", "--max-file-mib", "1"]);
+    assert_eq!(report["decoded"], 0, "{report}");
+    let errors = report["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 6, "{report}");
+    assert!(
+        errors.iter().all(|e| e["error"]
+            .as_str()
+            .unwrap()
+            .contains("above the limit of 100 pixels")),
+        "{report}"
+    );
+    let refused = Command::new(env!("CARGO_BIN_EXE_ladle"))
+        .args(["dataset", "inspect", "--max-pixels", "0"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--max-pixels"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
     );
 }

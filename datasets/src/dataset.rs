@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::SampleError;
+use crate::limits::SampleLimits;
 
 /// The on-disk formats ladle reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -89,11 +90,14 @@ pub trait Dataset: Send + Sync + fmt::Debug {
     fn location(&self, index: u64) -> String;
 
     /// The stored bytes of sample `index`. `scratch` is a buffer the caller keeps between
-    /// calls so that reading does not allocate once it has grown.
+    /// calls so that reading does not allocate once it has grown. A file (or tar member)
+    /// above `limits.max_file_bytes` is refused from its size, before a byte is read
+    /// ([`SampleError::FileTooLarge`]).
     fn read<'a>(
         &'a self,
         index: u64,
         scratch: &'a mut Vec<u8>,
+        limits: &SampleLimits,
     ) -> Result<RecordData<'a>, SampleError>;
 
     /// Problems found while indexing (e.g. a tar member without a label): those samples are

@@ -32,6 +32,7 @@ use zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
 
 use crate::error::DecodeError;
+use crate::limits::{SampleLimits, fit};
 
 #[path = "decode_jpeg_crop.rs"]
 mod jpeg_crop;
@@ -85,19 +86,45 @@ pub struct RgbImage<'a> {
 
 /// A reusable decoder: keeps its output buffer between images so that steady-state decoding
 /// does not grow memory. One per thread.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Decoder {
     rgb: Vec<u8>,
     /// PNG scratch (the PNG's own layout before conversion to RGB).
     png: Vec<u8>,
     /// A JPEG whose frame height was cut ([`Decoder::decode_rows`]).
     patched: Vec<u8>,
+    /// The most pixels an image may declare ([`SampleLimits::max_pixels`]).
+    max_pixels: u64,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::with_limits(&SampleLimits::default())
+    }
 }
 
 impl Decoder {
-    /// A decoder with empty buffers; they grow to the largest image seen.
+    /// A decoder with empty buffers and the default pixel budget; the buffers grow to the
+    /// largest image seen and are given back when a later image needs far less
+    /// ([`crate::limits`]).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A decoder refusing images above `limits.max_pixels` from their header.
+    pub fn with_limits(limits: &SampleLimits) -> Self {
+        Self {
+            rgb: Vec::new(),
+            png: Vec::new(),
+            patched: Vec::new(),
+            max_pixels: limits.max_pixels,
+        }
+    }
+
+    /// Bytes held by the reused buffers.
+    #[cfg(test)]
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.rgb.capacity() + self.png.capacity() + self.patched.capacity()
     }
 
     /// Decodes a JPEG or PNG into RGB.
@@ -105,10 +132,11 @@ impl Decoder {
         let kind = ImageKind::sniff(bytes).ok_or_else(|| DecodeError::UnknownFormat {
             magic: bytes.iter().take(8).copied().collect(),
         })?;
+        let max = self.max_pixels;
         let (width, height) = catch_unwind(AssertUnwindSafe(|| match kind {
-            ImageKind::Jpeg => decode_jpeg(bytes, &mut self.rgb),
-            ImageKind::Png => decode_png(bytes, &mut self.png, &mut self.rgb),
-            other => self::other::decode(other, bytes, &mut self.png, &mut self.rgb),
+            ImageKind::Jpeg => decode_jpeg(bytes, &mut self.rgb, max),
+            ImageKind::Png => decode_png(bytes, &mut self.png, &mut self.rgb, max),
+            other => self::other::decode(other, bytes, &mut self.png, &mut self.rgb, max),
         }))
         .map_err(|panic| DecodeError::Panicked(panic_message(&panic)))??;
         let len = width as usize * height as usize * 3;
@@ -133,10 +161,10 @@ impl Decoder {
                 expected: plane * 3,
             });
         }
-        resize_buffer(&mut self.rgb, plane * 3);
+        let rgb = fit(&mut self.rgb, plane * 3);
         let (r, rest) = planar.split_at(plane);
         let (g, b) = rest.split_at(plane);
-        for (((px, &r), &g), &b) in self.rgb.chunks_exact_mut(3).zip(r).zip(g).zip(b) {
+        for (((px, &r), &g), &b) in rgb.chunks_exact_mut(3).zip(r).zip(g).zip(b) {
             px.copy_from_slice(&[r, g, b]);
         }
         Ok(RgbImage {
@@ -147,11 +175,15 @@ impl Decoder {
     }
 }
 
-/// Grows `buf` to `len` bytes if needed; never shrinks, so a reused buffer stops allocating.
-fn resize_buffer(buf: &mut Vec<u8>, len: usize) {
-    if buf.len() < len {
-        buf.resize(len, 0);
+/// Both checks on a header's size: each side within [`MAX_SIDE`], the count within the budget.
+fn check_size(width: u32, height: u32, max_pixels: u64) -> Result<(), DecodeError> {
+    let (width, height) = (u64::from(width), u64::from(height));
+    check_side(width, height)?;
+    SampleLimits {
+        max_pixels,
+        ..SampleLimits::default()
     }
+    .check_pixels(width, height)
 }
 
 fn check_side(width: u64, height: u64) -> Result<(), DecodeError> {
@@ -165,7 +197,7 @@ fn check_side(width: u64, height: u64) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn decode_jpeg(bytes: &[u8], rgb: &mut Vec<u8>) -> Result<(u32, u32), DecodeError> {
+fn decode_jpeg(bytes: &[u8], rgb: &mut Vec<u8>, max_pixels: u64) -> Result<(u32, u32), DecodeError> {
     let options = DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_strict_mode(true)
@@ -179,7 +211,7 @@ fn decode_jpeg(bytes: &[u8], rgb: &mut Vec<u8>) -> Result<(u32, u32), DecodeErro
         .info()
         .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
     let (width, height) = (u32::from(info.width), u32::from(info.height));
-    check_side(u64::from(width), u64::from(height))?;
+    check_size(width, height, max_pixels)?;
     let len = decoder
         .output_buffer_size()
         .ok_or_else(|| DecodeError::Jpeg("image size overflows".into()))?;
@@ -188,9 +220,8 @@ fn decode_jpeg(bytes: &[u8], rgb: &mut Vec<u8>) -> Result<(u32, u32), DecodeErro
             "decoder would write {len} bytes, not RGB"
         )));
     }
-    resize_buffer(rgb, len);
     decoder
-        .decode_into(&mut rgb[..len])
+        .decode_into(fit(rgb, len))
         .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
     Ok((width, height))
 }
@@ -199,10 +230,12 @@ fn decode_png(
     bytes: &[u8],
     scratch: &mut Vec<u8>,
     rgb: &mut Vec<u8>,
+    max_pixels: u64,
 ) -> Result<(u32, u32), DecodeError> {
     let png_err = |e: png::DecodingError| DecodeError::Png(e.to_string());
+    // The decoder's own allocations: the budget's worth of 16-bit RGBA.
     let limits = png::Limits {
-        bytes: (MAX_SIDE as usize).pow(2),
+        bytes: usize::try_from(max_pixels.saturating_mul(8)).unwrap_or(usize::MAX),
     };
     let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
     // 16-bit grey stays 16-bit, to be clipped as PIL's `I;16` → `RGB` clips; every other
@@ -221,16 +254,14 @@ fn decode_png(
         let info = reader.info();
         (info.width, info.height)
     };
-    check_side(u64::from(width), u64::from(height))?;
+    check_size(width, height, max_pixels)?;
     let size = reader
         .output_buffer_size()
         .ok_or_else(|| DecodeError::Png("image size overflows".into()))?;
-    resize_buffer(scratch, size);
-    let frame = reader.next_frame(&mut scratch[..size]).map_err(png_err)?;
+    let frame = reader.next_frame(fit(scratch, size)).map_err(png_err)?;
     let pixels = width as usize * height as usize;
-    resize_buffer(rgb, pixels * 3);
     let src = &scratch[..frame.buffer_size()];
-    let dst = &mut rgb[..pixels * 3];
+    let dst = fit(rgb, pixels * 3);
     let channels = frame.color_type.samples() * if grey16 { 2 } else { 1 };
     if frame.line_size != width as usize * channels || src.len() < pixels * channels {
         return Err(DecodeError::Png(format!(
@@ -413,5 +444,178 @@ mod tests {
         let img = d.from_planar(&planar, 2, 2).unwrap();
         assert_eq!(img.pixels, &[1, 2, 3].repeat(4)[..]);
         assert!(d.from_planar(&planar[1..], 2, 2).is_err());
+    }
+}
+
+/// Files that declare more pixels than they hold, in every format, for the tests of the
+/// pixel budget ([`crate::limits`]).
+#[cfg(test)]
+pub(crate) mod bombs {
+    use super::ImageKind;
+
+    /// A 1-bit grey PNG of `width × height` zeros: valid, a few KB for hundreds of megapixels.
+    pub(crate) fn png(width: u32, height: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut encoder = png::Encoder::new(&mut out, width, height);
+        encoder.set_color(png::ColorType::Grayscale);
+        encoder.set_depth(png::BitDepth::One);
+        encoder.set_compression(png::Compression::Fast);
+        let mut writer = encoder.write_header().unwrap();
+        let mut stream = writer.stream_writer().unwrap();
+        let row = vec![0u8; (width as usize).div_ceil(8)];
+        for _ in 0..height {
+            std::io::Write::write_all(&mut stream, &row).unwrap();
+        }
+        stream.finish().unwrap();
+        writer.finish().unwrap();
+        out
+    }
+
+    /// A file whose header says `width × height` and whose data is a few bytes: the decoder
+    /// must refuse it from the header, before it allocates for the pixels.
+    pub(crate) fn header(kind: ImageKind, width: u32, height: u32) -> Vec<u8> {
+        let le32 = |v: u32| v.to_le_bytes();
+        match kind {
+            ImageKind::Jpeg => {
+                let mut bytes = Vec::new();
+                jpeg_encoder::Encoder::new(&mut bytes, 90)
+                    .encode(&[0; 16 * 16 * 3], 16, 16, jpeg_encoder::ColorType::Rgb)
+                    .unwrap();
+                let at = super::jpeg_crop::frame(&bytes).unwrap().height_at;
+                bytes[at..at + 2].copy_from_slice(&(height as u16).to_be_bytes());
+                bytes[at + 2..at + 4].copy_from_slice(&(width as u16).to_be_bytes());
+                bytes
+            }
+            ImageKind::Png => png(width, height),
+            ImageKind::Bmp => {
+                let mut b = b"BM".to_vec();
+                b.extend(le32(54 + 16));
+                b.extend([0; 4]);
+                b.extend(le32(54));
+                b.extend(le32(40));
+                b.extend(le32(width));
+                b.extend(le32(height));
+                b.extend([1, 0, 24, 0]);
+                b.extend([0; 24]);
+                b.extend([0; 16]);
+                b
+            }
+            ImageKind::Pnm => {
+                let mut b = format!("P5\n{width} {height}\n255\n").into_bytes();
+                b.extend([0; 16]);
+                b
+            }
+            ImageKind::WebP => {
+                // Lossless (VP8L): 14 bits each of width − 1 and height − 1.
+                let dims = (width - 1) | (height - 1) << 14;
+                let mut chunk = vec![0x2f];
+                chunk.extend(le32(dims));
+                chunk.extend([0; 11]);
+                let mut b = b"RIFF".to_vec();
+                b.extend(le32(4 + 8 + chunk.len() as u32));
+                b.extend(b"WEBPVP8L");
+                b.extend(le32(chunk.len() as u32));
+                b.extend(chunk);
+                b
+            }
+            ImageKind::Tiff => {
+                // Grey, 8 bits, one uncompressed strip that the file does not hold.
+                let entries: [(u16, u16, u32); 9] = [
+                    (256, 4, width),
+                    (257, 4, height),
+                    (258, 3, 8),
+                    (259, 3, 1),
+                    (262, 3, 1),
+                    (273, 4, 8 + 2 + 9 * 12 + 4),
+                    (277, 3, 1),
+                    (278, 4, height),
+                    (279, 4, width.saturating_mul(height)),
+                ];
+                let mut b = b"II*\0".to_vec();
+                b.extend(le32(8));
+                b.extend((entries.len() as u16).to_le_bytes());
+                for (tag, kind, value) in entries {
+                    b.extend(tag.to_le_bytes());
+                    b.extend(kind.to_le_bytes());
+                    b.extend(le32(1));
+                    b.extend(le32(value));
+                }
+                b.extend(le32(0));
+                b.extend([0; 16]);
+                b
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::bombs;
+    use super::*;
+    use crate::limits::{DEFAULT_MAX_PIXELS, SampleLimits};
+
+    const KINDS: [ImageKind; 6] = [
+        ImageKind::Jpeg,
+        ImageKind::Png,
+        ImageKind::WebP,
+        ImageKind::Bmp,
+        ImageKind::Tiff,
+        ImageKind::Pnm,
+    ];
+
+    #[test]
+    fn an_image_declaring_more_pixels_than_the_budget_is_refused_from_its_header_in_every_format()
+    {
+        // 16000 × 16000 is 256 megapixels, above the default budget, and within every
+        // format's and MAX_SIDE's bounds on a side.
+        for kind in KINDS {
+            let bytes = bombs::header(kind, 16_000, 16_000);
+            assert_eq!(ImageKind::sniff(&bytes), Some(kind));
+            let err = Decoder::new().decode(&bytes).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    DecodeError::TooManyPixels {
+                        width: 16_000,
+                        height: 16_000,
+                        max: DEFAULT_MAX_PIXELS
+                    }
+                ),
+                "{kind:?}: {err}"
+            );
+            // The crop-aware path checks the same budget.
+            let err = Decoder::new()
+                .decode_rows(&bytes, |_, _| Some(10))
+                .unwrap_err();
+            assert!(
+                matches!(err, DecodeError::TooManyPixels { .. }),
+                "{kind:?} by rows: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_budget_is_the_callers_and_the_same_for_png_as_for_jpeg() {
+        let tight = SampleLimits {
+            max_pixels: 64 * 64 - 1,
+            ..SampleLimits::default()
+        };
+        for kind in [ImageKind::Jpeg, ImageKind::Png] {
+            let bytes = bombs::header(kind, 64, 64);
+            let err = Decoder::with_limits(&tight).decode(&bytes).unwrap_err();
+            assert!(
+                matches!(err, DecodeError::TooManyPixels { max: 4095, .. }),
+                "{kind:?}: {err}"
+            );
+            let fits = SampleLimits {
+                max_pixels: 64 * 64,
+                ..tight
+            };
+            if kind == ImageKind::Png {
+                let mut decoder = Decoder::with_limits(&fits);
+                let image = decoder.decode(&bytes).unwrap();
+                assert_eq!((image.width, image.height), (64, 64));
+            }
+        }
     }
 }

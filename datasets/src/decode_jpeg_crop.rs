@@ -25,7 +25,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::{Decoder, ImageKind, RgbImage, check_side, decode_jpeg, panic_message};
+use super::{Decoder, ImageKind, RgbImage, check_size, decode_jpeg, panic_message};
+use crate::limits::fit;
 use crate::error::DecodeError;
 
 /// What the frame header of a JPEG says, as far as cutting its rows is concerned.
@@ -36,7 +37,7 @@ pub(crate) struct Frame {
     /// Height in pixels.
     pub height: u32,
     /// Byte offset of the SOF's 16-bit big-endian height field.
-    height_at: usize,
+    pub(crate) height_at: usize,
     /// Pixel rows per MCU row (8 × the largest vertical sampling factor; 8 for one component).
     mcu_rows: u32,
     /// Whether chroma is subsampled vertically (its upsampler reads the next MCU row).
@@ -154,7 +155,8 @@ impl Decoder {
     ) -> Result<Rows<'_>, DecodeError> {
         let cut = match ImageKind::sniff(bytes) {
             Some(ImageKind::Jpeg) => frame(bytes).and_then(|f| {
-                check_side(u64::from(f.width), u64::from(f.height)).ok()?;
+                // One over a limit is decoded "whole" below, which refuses it.
+                check_size(f.width, f.height, self.max_pixels).ok()?;
                 let rows = rows_needed(f.width, f.height)?;
                 f.cut_for(rows).map(|cut| (f, cut))
             }),
@@ -167,12 +169,18 @@ impl Decoder {
                 image,
             });
         };
-        self.patched.clear();
-        self.patched.extend_from_slice(bytes);
+        fit(&mut self.patched, bytes.len()).copy_from_slice(bytes);
         let cut16 = u16::try_from(cut).map_err(|_| DecodeError::Jpeg("cut too tall".into()))?;
         self.patched[frame.height_at..frame.height_at + 2].copy_from_slice(&cut16.to_be_bytes());
-        let Self { rgb, patched, .. } = self;
-        let (width, height) = catch_unwind(AssertUnwindSafe(|| decode_jpeg(patched, rgb)))
+        let Self {
+            rgb,
+            patched,
+            max_pixels,
+            ..
+        } = self;
+        let patched = &patched[..bytes.len()];
+        let (width, height) =
+            catch_unwind(AssertUnwindSafe(|| decode_jpeg(patched, rgb, *max_pixels)))
             .map_err(|panic| DecodeError::Panicked(panic_message(&panic)))??;
         if (width, height) != (frame.width, cut) {
             return Err(DecodeError::Jpeg(format!(

@@ -17,14 +17,16 @@
 //! exact. A TIFF `image` cannot read (palette colour, YCbCr, planar configuration 2) is a bad
 //! sample here although PIL reads it.
 //!
-//! The width and height are checked against [`MAX_SIDE`] from the header, before any pixel is
-//! decoded, and the decoder is given the same bound through [`image::Limits`].
+//! The width and height are checked against [`MAX_SIDE`] and the pixel budget
+//! ([`crate::limits`]) from the header, before any pixel is decoded, and the decoder is given
+//! the same bounds through [`image::Limits`].
 
 use std::io::Cursor;
 
 use image::{ColorType, ImageDecoder, ImageError, Limits};
 
-use super::{ImageKind, MAX_SIDE, check_side, resize_buffer};
+use super::{ImageKind, MAX_SIDE, check_size};
+use crate::limits::fit;
 use crate::error::DecodeError;
 
 /// The formats of this module, sniffed by content as PIL does (not by extension).
@@ -72,11 +74,14 @@ pub(super) fn decode(
     bytes: &[u8],
     scratch: &mut Vec<u8>,
     rgb: &mut Vec<u8>,
+    max_pixels: u64,
 ) -> Result<(u32, u32), DecodeError> {
     let bad = |e: ImageError| match e {
         ImageError::Limits(_) => DecodeError::Image {
             format: name(kind),
-            reason: format!("over ladle's limits ({MAX_SIDE} pixels a side): {e}"),
+            reason: format!(
+                "over ladle's limits ({MAX_SIDE} pixels a side, {max_pixels} in all): {e}"
+            ),
         },
         e => DecodeError::Image {
             format: name(kind),
@@ -87,19 +92,19 @@ pub(super) fn decode(
     match kind {
         ImageKind::WebP => {
             let decoder = image::codecs::webp::WebPDecoder::new(reader).map_err(bad)?;
-            decode_with(decoder, kind, scratch, rgb)
+            decode_with(decoder, kind, scratch, rgb, max_pixels)
         }
         ImageKind::Bmp => {
             let decoder = image::codecs::bmp::BmpDecoder::new(reader).map_err(bad)?;
-            decode_with(decoder, kind, scratch, rgb)
+            decode_with(decoder, kind, scratch, rgb, max_pixels)
         }
         ImageKind::Tiff => {
             let decoder = image::codecs::tiff::TiffDecoder::new(reader).map_err(bad)?;
-            decode_with(decoder, kind, scratch, rgb)
+            decode_with(decoder, kind, scratch, rgb, max_pixels)
         }
         ImageKind::Pnm => {
             let decoder = image::codecs::pnm::PnmDecoder::new(reader).map_err(bad)?;
-            decode_with(decoder, kind, scratch, rgb)
+            decode_with(decoder, kind, scratch, rgb, max_pixels)
         }
         ImageKind::Jpeg | ImageKind::Png => Err(DecodeError::Image {
             format: name(kind),
@@ -113,6 +118,7 @@ fn decode_with(
     kind: ImageKind,
     scratch: &mut Vec<u8>,
     rgb: &mut Vec<u8>,
+    max_pixels: u64,
 ) -> Result<(u32, u32), DecodeError> {
     let bad = |e: ImageError| DecodeError::Image {
         format: name(kind),
@@ -120,25 +126,23 @@ fn decode_with(
     };
     // The header's size, checked before a pixel is decoded.
     let (width, height) = decoder.dimensions();
-    check_side(u64::from(width), u64::from(height))?;
+    check_size(width, height, max_pixels)?;
     let color = decoder.color_type();
     let mut limits = Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
     // The largest output of an accepted size (16-bit RGBA) plus as much again for the
     // decoder's own buffers; the default 512 MiB would refuse large images JPEG accepts.
-    limits.max_alloc = Some(u64::from(MAX_SIDE).pow(2) * 8 * 2);
+    limits.max_alloc = Some(max_pixels.saturating_mul(8 * 2));
     decoder.set_limits(limits).map_err(bad)?;
     let size = usize::try_from(decoder.total_bytes()).map_err(|_| DecodeError::TooLarge {
         width: u64::from(width),
         height: u64::from(height),
         max: MAX_SIDE,
     })?;
-    resize_buffer(scratch, size);
-    decoder.read_image(&mut scratch[..size]).map_err(bad)?;
+    decoder.read_image(fit(scratch, size)).map_err(bad)?;
     let pixels = width as usize * height as usize;
-    resize_buffer(rgb, pixels * 3);
-    to_rgb(color, &scratch[..size], &mut rgb[..pixels * 3]).ok_or_else(|| DecodeError::Image {
+    to_rgb(color, &scratch[..size], fit(rgb, pixels * 3)).ok_or_else(|| DecodeError::Image {
         format: name(kind),
         reason: format!("unexpected {color:?} output of {size} bytes for {width}x{height}"),
     })?;

@@ -98,6 +98,20 @@ pub enum SampleError {
         /// What it is: `a FIFO`, `a character device`, ….
         kind: &'static str,
     },
+    /// The sample's file (or tar member) is larger than [`crate::limits::SampleLimits`]
+    /// allows: not read.
+    #[error(
+        "{location} is {bytes} bytes, above the limit of {max} bytes on a sample's file: not \
+         read (raise it with --max-file-mib)"
+    )]
+    FileTooLarge {
+        /// The file or `shard.tar:member`.
+        location: String,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
     /// The sample's bytes are not a decodable image.
     #[error("cannot decode {location}: {source}")]
     Decode {
@@ -179,6 +193,7 @@ impl SampleError {
         match self {
             Self::Io { location, .. }
             | Self::NotAFile { location, .. }
+            | Self::FileTooLarge { location, .. }
             | Self::Decode { location, .. }
             | Self::MissingLabel { location }
             | Self::BadLabel { location, .. }
@@ -226,6 +241,20 @@ pub enum DecodeError {
         height: u64,
         /// The limit on each side.
         max: u32,
+    },
+    /// More pixels than [`crate::limits::SampleLimits`] allows, read from the header before
+    /// decoding: a guard against decompression bombs.
+    #[error(
+        "image is {width}x{height}, above the limit of {max} pixels (raise it with \
+         --max-pixels)"
+    )]
+    TooManyPixels {
+        /// Width from the header.
+        width: u64,
+        /// Height from the header.
+        height: u64,
+        /// The limit on width × height.
+        max: u64,
     },
     /// A raw record whose length does not match its declared shape.
     #[error("raw record is {len} bytes, expected {expected}")]

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, Format, LeftOut};
 use crate::error::PipelineError;
+use crate::limits::SampleLimits;
 use crate::pipeline::{SampleProcessor, for_each_parallel};
 use crate::transforms::Transforms;
 
@@ -54,13 +55,17 @@ pub struct InspectReport {
     /// What is worth a look but is no error (a hidden class folder, a class without images);
     /// see [`Dataset::warnings`].
     pub warnings: Vec<String>,
+    /// The limits each sample was checked against.
+    pub limits: SampleLimits,
 }
 
-/// Decodes every sample of `dataset` once on `threads` threads, calling `progress` with the
+/// Decodes every sample of `dataset` once on `threads` threads under `limits` (a file or
+/// image above them is a bad sample, as it would be in a feed), calling `progress` with the
 /// number of samples finished since the last call.
 pub fn inspect(
     dataset: &dyn Dataset,
     threads: usize,
+    limits: SampleLimits,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<InspectReport, PipelineError> {
     let decoded = AtomicU64::new(0);
@@ -79,7 +84,7 @@ pub fn inspect(
     for_each_parallel(
         0..dataset.len(),
         threads,
-        || SampleProcessor::new(Transforms::eval(1), 0),
+        || SampleProcessor::with_limits(Transforms::eval(1), 0, limits),
         |processor, index| {
             let outcome = dataset
                 .label(index)
@@ -129,5 +134,6 @@ pub fn inspect(
         errors,
         left_out: dataset.left_out().to_vec(),
         warnings: dataset.warnings().to_vec(),
+        limits,
     })
 }

@@ -90,6 +90,7 @@ pub mod decode;
 mod error;
 pub mod formats;
 pub mod inspect;
+pub mod limits;
 pub mod names;
 pub mod pipeline;
 pub mod rng;
@@ -100,6 +101,7 @@ pub mod transforms;
 pub use dataset::{Dataset, Format, LeftOut, RecordData};
 pub use error::{AugmentError, DecodeError, GenerateError, OpenError, PipelineError, SampleError};
 pub use formats::{cifar, detect, imagefolder, open, wds};
+pub use limits::SampleLimits;
 pub use pipeline::BadSamplePolicy;
 
 /// The common case: open or generate a dataset and run the pipeline over it.

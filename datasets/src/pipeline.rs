@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, RecordData};
 use crate::decode::{Decoder, RgbImage};
+use crate::limits::SampleLimits;
 use crate::error::{PipelineError, SampleError};
 use crate::transforms::{Transformer, Transforms};
 
@@ -187,17 +188,25 @@ pub struct SampleProcessor {
     transformer: Transformer,
     seed: u64,
     crop_aware: bool,
+    limits: SampleLimits,
 }
 
 impl SampleProcessor {
-    /// A processor applying `transforms` with randomness from `seed`.
+    /// A processor applying `transforms` with randomness from `seed`, under the default
+    /// [`SampleLimits`].
     pub fn new(transforms: Transforms, seed: u64) -> Self {
+        Self::with_limits(transforms, seed, SampleLimits::default())
+    }
+
+    /// A processor refusing files and images above `limits`.
+    pub fn with_limits(transforms: Transforms, seed: u64, limits: SampleLimits) -> Self {
         Self {
             scratch: Vec::new(),
-            decoder: Decoder::new(),
+            decoder: Decoder::with_limits(&limits),
             transformer: Transformer::new(transforms),
             seed,
             crop_aware: true,
+            limits,
         }
     }
 
@@ -208,13 +217,25 @@ impl SampleProcessor {
         self.crop_aware = on;
     }
 
+    /// Bytes held by the reused buffers (the file's, the decoder's, the augmenter's).
+    #[cfg(test)]
+    fn buffer_bytes(&self) -> usize {
+        self.scratch.capacity() + self.decoder.buffer_bytes() + self.transformer.buffer_bytes()
+    }
+
     /// Reads and decodes sample `index` into RGB.
     pub fn decode<'a>(
         &'a mut self,
         dataset: &'a dyn Dataset,
         index: u64,
     ) -> Result<RgbImage<'a>, SampleError> {
-        Self::decode_with(&mut self.scratch, &mut self.decoder, dataset, index)
+        Self::decode_with(
+            &mut self.scratch,
+            &mut self.decoder,
+            dataset,
+            index,
+            &self.limits,
+        )
     }
 
     /// Reads, decodes and augments sample `index` (as in `epoch`) into `out`; returns its label.
@@ -235,7 +256,7 @@ impl SampleProcessor {
             location: dataset.location(index),
             source,
         };
-        match dataset.read(index, &mut self.scratch)? {
+        match dataset.read(index, &mut self.scratch, &self.limits)? {
             RecordData::Encoded(bytes) if self.crop_aware => {
                 let transformer = &self.transformer;
                 let rows = self
@@ -277,12 +298,13 @@ impl SampleProcessor {
         decoder: &'a mut Decoder,
         dataset: &'a dyn Dataset,
         index: u64,
+        limits: &SampleLimits,
     ) -> Result<RgbImage<'a>, SampleError> {
         let decode_err = |source| SampleError::Decode {
             location: dataset.location(index),
             source,
         };
-        match dataset.read(index, scratch)? {
+        match dataset.read(index, scratch, limits)? {
             RecordData::Encoded(bytes) => decoder.decode(bytes).map_err(decode_err),
             RecordData::Planar {
                 width,
@@ -307,6 +329,9 @@ pub struct PipelineConfig {
     pub seed: u64,
     /// What to do with bad samples.
     pub policy: BadSamplePolicy,
+    /// What one sample may cost: its file's bytes and its pixels (default:
+    /// [`SampleLimits::default`]); a sample above either is a bad sample.
+    pub limits: SampleLimits,
 }
 
 impl Default for PipelineConfig {
@@ -316,6 +341,7 @@ impl Default for PipelineConfig {
             augment: Transforms::train(224),
             seed: 0,
             policy: BadSamplePolicy::Skip,
+            limits: SampleLimits::default(),
         }
     }
 }
@@ -384,9 +410,13 @@ impl Pipeline {
         items: impl WorkSource<Item = (WorkItem, S::Ticket)>,
         sink: &S,
     ) -> Result<RunStats, PipelineError> {
-        let (augment, seed) = (&self.config.augment, self.config.seed);
+        let (augment, seed, limits) = (
+            &self.config.augment,
+            self.config.seed,
+            self.config.limits,
+        );
         let make = || ImageMaker {
-            processor: SampleProcessor::new(augment.clone(), seed),
+            processor: SampleProcessor::with_limits(augment.clone(), seed, limits),
             dataset,
         };
         self.run_with(make, items, sink)
@@ -673,5 +703,45 @@ mod tests {
         });
         assert!(outcome.is_err());
         assert_eq!(tries, 1, "a missing file is not transient");
+    }
+
+    #[test]
+    fn buffers_grown_for_one_huge_image_are_given_back_at_the_next_ordinary_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::synth::SynthConfig {
+            count: 4,
+            classes: 1,
+            width: 200,
+            height: 150,
+            ..Default::default()
+        };
+        crate::synth::generate(&config, dir.path(), &|_| {}).unwrap();
+        let class = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.is_dir())
+            .unwrap();
+        // 25 megapixels in a few KB: 75 MB of RGB, under the pixel budget.
+        std::fs::write(class.join("zz.png"), crate::decode::bombs::png(5000, 5000)).unwrap();
+        let dataset = crate::open(dir.path()).unwrap();
+        let huge = (0..dataset.len())
+            .find(|&i| dataset.location(i).ends_with("zz.png"))
+            .unwrap();
+        let transforms = Transforms::parse("RandomResizedCrop(64)").unwrap();
+        let mut out = vec![0; transforms.output_len()];
+        let mut processor = SampleProcessor::new(transforms, 1);
+        processor.process(dataset.as_ref(), 0, 0, &mut out).unwrap();
+        let ordinary = processor.buffer_bytes();
+        processor
+            .process(dataset.as_ref(), huge, 0, &mut out)
+            .unwrap();
+        let grown = processor.buffer_bytes();
+        assert!(grown >= 5000 * 5000 * 3, "{grown}");
+        processor.process(dataset.as_ref(), 1, 0, &mut out).unwrap();
+        let after = processor.buffer_bytes();
+        assert!(
+            after < crate::limits::KEEP_BYTES,
+            "{after} bytes kept after a {ordinary}-byte sample, {grown} for the huge one"
+        );
     }
 }

@@ -49,7 +49,7 @@ fn every_generated_format_opens_with_its_counts_and_decodes_fully() {
         assert_eq!(ds.format(), format);
         assert_eq!(ds.len(), count, "{format}");
         assert_eq!(ds.class_names().len(), 10, "{format}");
-        let report = inspect(ds.as_ref(), 2, &|_| {}).unwrap();
+        let report = inspect(ds.as_ref(), 2, Default::default(), &|_| {}).unwrap();
         assert_eq!(report.decoded, count, "{format}: {:?}", report.errors);
         assert!(report.bad_files.is_empty(), "{format}: {:?}", report.errors);
         let expected = if matches!(format, Format::Cifar10 | Format::Cifar100) {
@@ -87,7 +87,7 @@ fn the_generator_mixes_every_encoding_and_each_decodes() {
     // 100 generated files include at least one of the rare kinds; all decode to RGB.
     let dir = generated(Format::ImageFolder, 100);
     let ds = ladle_datasets::open(dir.path()).unwrap();
-    let report = inspect(ds.as_ref(), 2, &|_| {}).unwrap();
+    let report = inspect(ds.as_ref(), 2, Default::default(), &|_| {}).unwrap();
     assert_eq!(report.decoded, 100, "{:?}", report.errors);
     let pngs = walk(dir.path())
         .iter()
@@ -145,7 +145,7 @@ fn inspect_names_every_planted_bad_file_and_decodes_the_rest() {
     let planted = plant_bad_files(dir.path());
     let ds = ladle_datasets::open(dir.path()).unwrap();
     assert_eq!(ds.len(), 33);
-    let report = inspect(ds.as_ref(), 2, &|_| {}).unwrap();
+    let report = inspect(ds.as_ref(), 2, Default::default(), &|_| {}).unwrap();
     assert_eq!(report.decoded, 30);
     let bad: Vec<PathBuf> = report.bad_files.iter().map(PathBuf::from).collect();
     assert_eq!(bad, planted, "{:?}", report.errors);
@@ -254,7 +254,7 @@ fn a_cifar_label_outside_the_classes_is_a_sample_error() {
         err.to_string().contains("data_batch_1.bin#record4"),
         "{err}"
     );
-    let report = inspect(ds.as_ref(), 1, &|_| {}).unwrap();
+    let report = inspect(ds.as_ref(), 1, Default::default(), &|_| {}).unwrap();
     assert_eq!(report.bad_files.len(), 1);
 }
 
@@ -297,8 +297,42 @@ fn tar_members_without_or_with_a_bad_label_are_reported_by_name_and_left_out() {
         problems[1].contains("s.tar:c.jpg") && problems[1].contains("cat"),
         "{problems:?}"
     );
-    let report = inspect(ds.as_ref(), 1, &|_| {}).unwrap();
+    let report = inspect(ds.as_ref(), 1, Default::default(), &|_| {}).unwrap();
     assert_eq!(report.bad_files.len(), 2);
+}
+
+#[test]
+fn a_tar_member_above_the_file_limit_is_refused_from_its_header_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut jpeg = Vec::new();
+    let rgb = vec![128u8; 16 * 16 * 3];
+    ladle_datasets::synth::encode(&rgb, 16, 16, Encoding::Baseline420, 90, &mut jpeg).unwrap();
+    let big = vec![0u8; (1 << 20) + 1];
+    let shard = tar_with(&[
+        ("a.jpg", &jpeg),
+        ("a.cls", b"1"),
+        ("b.jpg", &big),
+        ("b.cls", b"2"),
+    ]);
+    let path = dir.path().join("s.tar");
+    std::fs::write(&path, shard).unwrap();
+    let ds = ladle_datasets::open(&path).unwrap();
+    let limits = ladle_datasets::SampleLimits {
+        max_file_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let mut scratch = Vec::new();
+    assert!(ds.read(0, &mut scratch, &limits).is_ok());
+    let err = ds.read(1, &mut scratch, &limits).unwrap_err();
+    assert!(
+        matches!(&err, SampleError::FileTooLarge { location, bytes, max }
+            if location.ends_with("s.tar:b.jpg") && *bytes == (1 << 20) + 1 && *max == 1 << 20),
+        "{err}"
+    );
+    assert!(scratch.capacity() < 1 << 20, "{}", scratch.capacity());
+    let report = inspect(ds.as_ref(), 1, limits, &|_| {}).unwrap();
+    assert_eq!(report.bad_files.len(), 1, "{:?}", report.errors);
+    assert!(report.bad_files[0].ends_with("s.tar:b.jpg"));
 }
 
 #[test]
@@ -312,7 +346,7 @@ fn a_truncated_shard_loses_only_the_cut_member() {
     match ladle_datasets::open(dir.path()) {
         Ok(ds) => {
             assert!(ds.len() < 16);
-            let report = inspect(ds.as_ref(), 1, &|_| {}).unwrap();
+            let report = inspect(ds.as_ref(), 1, Default::default(), &|_| {}).unwrap();
             assert_eq!(report.decoded, ds.len(), "{:?}", report.errors);
         }
         Err(e) => assert!(e.to_string().contains("shard-000000.tar"), "{e}"),

@@ -233,7 +233,7 @@ fn inspect_counts_left_out_files_by_extension_and_names_the_bad_samples() {
     let dir = tempfile::tempdir().unwrap();
     tricky_tree(dir.path());
     let ds = ImageFolder::open(dir.path()).unwrap();
-    let report = inspect(&ds, 2, &|_| {}).unwrap();
+    let report = inspect(&ds, 2, Default::default(), &|_| {}).unwrap();
     assert_eq!(report.samples, expected().len() as u64);
     let left_out = |extension: &str, files| LeftOut {
         extension: extension.into(),
@@ -423,7 +423,7 @@ fn a_listed_file_no_decoder_reads_is_a_sample_error_naming_it() {
     text_at(dir.path(), "a/text.ppm", "hello");
     let ds = ImageFolder::open(dir.path()).unwrap();
     assert_eq!(ds.len(), 3);
-    let report = inspect(&ds, 1, &|_| {}).unwrap();
+    let report = inspect(&ds, 1, Default::default(), &|_| {}).unwrap();
     assert_eq!(report.decoded, 1);
     assert_eq!(report.bad_files.len(), 2);
     assert!(

@@ -41,7 +41,7 @@ pub fn exercise(dataset: &dyn Dataset) {
     for index in (0..len.min(MAX_SAMPLES)).chain([len]) {
         let _ = dataset.location(index);
         let _ = dataset.label(index);
-        let _ = dataset.read(index, &mut scratch);
+        let _ = dataset.read(index, &mut scratch, &Default::default());
         if let Err(error) = processor.process(dataset, index, 0, &mut out) {
             let _ = error.to_string();
         }

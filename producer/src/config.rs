@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ladle_datasets::BadSamplePolicy;
+use ladle_datasets::{BadSamplePolicy, SampleLimits};
 use ladle_datasets::pipeline::default_threads;
 use ladle_datasets::transforms::Transforms;
 
@@ -44,6 +44,9 @@ pub struct ProducerConfig {
     pub read_ahead: ReadAhead,
     /// Whether a consumer that keeps holding the others back is asked to skim.
     pub pacing: Pacing,
+    /// What one sample of an image feed may cost (its file's bytes, its pixels); a sample
+    /// above either is a bad sample. Unused by a [`CustomSource`](crate::CustomSource).
+    pub limits: SampleLimits,
 }
 
 /// How far ahead of what its consumers asked for a feed decodes: samples decoded beyond that
@@ -107,6 +110,7 @@ impl Default for ProducerConfig {
             keep_alive: None,
             read_ahead: ReadAhead::Auto,
             pacing: Pacing::Skim,
+            limits: SampleLimits::default(),
         }
     }
 }

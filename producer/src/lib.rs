@@ -186,6 +186,7 @@ impl Producer {
             augment: config.augment.clone(),
             seed: config.seed,
             policy: config.policy,
+            limits: config.limits,
         }
         .build()?;
         let info = match &source {

@@ -52,6 +52,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dataset::{Dataset, Format, LeftOut, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
+use crate::limits::SampleLimits;
 
 /// torchvision's `IMG_EXTENSIONS`, without the dot: a file whose name ends with `.` and one of
 /// these, in any case, is a sample.
@@ -327,13 +328,13 @@ impl Dataset for ImageFolder {
         &'a self,
         index: u64,
         scratch: &'a mut Vec<u8>,
+        limits: &SampleLimits,
     ) -> Result<RecordData<'a>, SampleError> {
         let path = &self.files[check_index(index, self.files.len())?].0;
         let io = |source| SampleError::Io {
             location: crate::names::escape_path(path),
             source,
         };
-        scratch.clear();
         // Opened without blocking (a FIFO would wait for a writer for ever), then read only
         // if it is a regular file: a FIFO, a device (a link to /dev/zero never ends) or a
         // socket named like an image is a bad sample that says what it is.
@@ -342,14 +343,25 @@ impl Dataset for ImageFolder {
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
             .map_err(io)?;
-        let kind = file.metadata().map_err(io)?.file_type();
-        if !kind.is_file() {
+        let meta = file.metadata().map_err(io)?;
+        if !meta.file_type().is_file() {
             return Err(SampleError::NotAFile {
                 location: crate::names::escape_path(path),
-                kind: kind_of(kind),
+                kind: kind_of(meta.file_type()),
             });
         }
-        file.read_to_end(scratch).map_err(io)?;
+        // The size before a byte is read: a 2 GiB sparse file costs nothing to refuse. The
+        // read is bounded too, for a file that grows while it is read.
+        limits.check_file(|| crate::names::escape_path(path), meta.len())?;
+        let size = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+        crate::limits::give_back(scratch, size);
+        scratch.clear();
+        scratch.reserve(size);
+        (&mut file)
+            .take(limits.max_file_bytes.saturating_add(1))
+            .read_to_end(scratch)
+            .map_err(io)?;
+        limits.check_file(|| crate::names::escape_path(path), scratch.len() as u64)?;
         Ok(RecordData::Encoded(scratch))
     }
 

@@ -22,6 +22,7 @@ use super::{list_dir, read_class_names};
 const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png"];
 use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
+use crate::limits::SampleLimits;
 
 #[derive(Debug)]
 struct Shard {
@@ -247,16 +248,18 @@ impl Dataset for WebDataset {
         &'a self,
         index: u64,
         scratch: &'a mut Vec<u8>,
+        limits: &SampleLimits,
     ) -> Result<RecordData<'a>, SampleError> {
         let m = &self.members[check_index(index, self.members.len())?];
+        // The member's size from its tar header, checked before a byte is read.
+        limits.check_file(|| self.location(index), m.len)?;
         let len = usize::try_from(m.len).map_err(|_| SampleError::Io {
             location: self.location(index),
             source: std::io::Error::other("member too large for this platform"),
         })?;
-        scratch.resize(len, 0);
         self.shards[m.shard]
             .file
-            .read_exact_at(&mut scratch[..len], m.offset)
+            .read_exact_at(crate::limits::fit(scratch, len), m.offset)
             .map_err(|source| SampleError::Io {
                 location: self.location(index),
                 source,

@@ -192,11 +192,10 @@ impl std::fmt::Debug for Transformer {
     }
 }
 
+/// `v` holding `n` bytes: grown, or given back first if one huge image grew it
+/// ([`crate::limits::fit`]).
 fn grow(v: &mut Vec<u8>, n: usize) -> &mut [u8] {
-    if v.len() < n {
-        v.resize(n, 0);
-    }
-    &mut v[..n]
+    crate::limits::fit(v, n)
 }
 
 fn check_dims(transform: &'static str, w: u64, h: u64) -> Result<(), AugmentError> {
@@ -240,6 +239,14 @@ impl Transformer {
     /// The pipeline this applies.
     pub fn transforms(&self) -> &Transforms {
         &self.transforms
+    }
+
+    /// Bytes held by the scratch buffers.
+    #[cfg(test)]
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.bufs.iter().map(Vec::capacity).sum::<usize>()
+            + self.cols.capacity() * size_of::<Option<usize>>()
+            + self.tmp.capacity()
     }
 
     /// Addresses and capacities of the scratch buffers, to check that they are reused.
@@ -463,8 +470,10 @@ impl Transformer {
                     let (l, t, cw, ch) =
                         (left as usize, top as usize, width as usize, height as usize);
                     let row = w as usize * 3;
+                    // Room for any crop of this image, so that varying boxes stop growing it;
+                    // what a far larger image made it grow to is given back first.
+                    crate::limits::give_back(tmp, src.len());
                     tmp.clear();
-                    // Room for any crop of this image, so that varying boxes stop growing it.
                     tmp.reserve(src.len());
                     for y in t..t + ch {
                         tmp.extend_from_slice(&src[y * row + l * 3..y * row + (l + cw) * 3]);
