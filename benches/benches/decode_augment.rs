@@ -34,7 +34,9 @@ fn load() -> Vec<Sample> {
     (0..ds.len())
         .map(|i| {
             let mut scratch = Vec::new();
-            let RecordData::Encoded(bytes) = ds.read(i, &mut scratch, &Default::default()).expect("read") else {
+            let RecordData::Encoded(bytes) =
+                ds.read(i, &mut scratch, &Default::default()).expect("read")
+            else {
                 unreachable!("WebDataset records are encoded files")
             };
             let encoded = bytes.to_vec();

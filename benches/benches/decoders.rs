@@ -36,7 +36,8 @@ fn benches(c: &mut Criterion) {
     let files: Vec<(Encoding, Vec<u8>)> = (0..ds.len())
         .map(|i| {
             let mut scratch = Vec::new();
-            let Ok(RecordData::Encoded(bytes)) = ds.read(i, &mut scratch, &Default::default()) else {
+            let Ok(RecordData::Encoded(bytes)) = ds.read(i, &mut scratch, &Default::default())
+            else {
                 unreachable!("WebDataset records are encoded files")
             };
             (Encoding::of(1, i), bytes.to_vec())

@@ -445,8 +445,10 @@ fn hostile_files_named_like_images_are_bad_files_that_cost_nothing_and_say_what_
         .collect();
     assert_eq!(errors.len(), 4, "{errors:?}");
     assert!(
-        errors.iter().any(|e| e.contains("zx.jpg is 2147483648 bytes, above the limit of")
-            && e.contains("--max-file-mib")),
+        errors.iter().any(
+            |e| e.contains("zx.jpg is 2147483648 bytes, above the limit of")
+                && e.contains("--max-file-mib")
+        ),
         "{errors:?}"
     );
     assert!(

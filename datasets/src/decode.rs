@@ -197,7 +197,11 @@ fn check_side(width: u64, height: u64) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn decode_jpeg(bytes: &[u8], rgb: &mut Vec<u8>, max_pixels: u64) -> Result<(u32, u32), DecodeError> {
+fn decode_jpeg(
+    bytes: &[u8],
+    rgb: &mut Vec<u8>,
+    max_pixels: u64,
+) -> Result<(u32, u32), DecodeError> {
     let options = DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_strict_mode(true)
@@ -564,8 +568,7 @@ mod budget_tests {
     ];
 
     #[test]
-    fn an_image_declaring_more_pixels_than_the_budget_is_refused_from_its_header_in_every_format()
-    {
+    fn an_image_declaring_more_pixels_than_the_budget_is_refused_from_its_header_in_every_format() {
         // 16000 × 16000 is 256 megapixels, above the default budget, and within every
         // format's and MAX_SIDE's bounds on a side.
         for kind in KINDS {

@@ -26,8 +26,8 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{Decoder, ImageKind, RgbImage, check_size, decode_jpeg, panic_message};
-use crate::limits::fit;
 use crate::error::DecodeError;
+use crate::limits::fit;
 
 /// What the frame header of a JPEG says, as far as cutting its rows is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +181,7 @@ impl Decoder {
         let patched = &patched[..bytes.len()];
         let (width, height) =
             catch_unwind(AssertUnwindSafe(|| decode_jpeg(patched, rgb, *max_pixels)))
-            .map_err(|panic| DecodeError::Panicked(panic_message(&panic)))??;
+                .map_err(|panic| DecodeError::Panicked(panic_message(&panic)))??;
         if (width, height) != (frame.width, cut) {
             return Err(DecodeError::Jpeg(format!(
                 "decoded {width}x{height}, not the {}x{cut} asked for",

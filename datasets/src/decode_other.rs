@@ -26,8 +26,8 @@ use std::io::Cursor;
 use image::{ColorType, ImageDecoder, ImageError, Limits};
 
 use super::{ImageKind, MAX_SIDE, check_size};
-use crate::limits::fit;
 use crate::error::DecodeError;
+use crate::limits::fit;
 
 /// The formats of this module, sniffed by content as PIL does (not by extension).
 pub(super) fn sniff(bytes: &[u8]) -> Option<ImageKind> {

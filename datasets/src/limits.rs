@@ -64,7 +64,11 @@ impl Default for SampleLimits {
 impl SampleLimits {
     /// Refuses a file of `bytes` at `location` above [`Self::max_file_bytes`], before it is
     /// read.
-    pub fn check_file(&self, location: impl FnOnce() -> String, bytes: u64) -> Result<(), SampleError> {
+    pub fn check_file(
+        &self,
+        location: impl FnOnce() -> String,
+        bytes: u64,
+    ) -> Result<(), SampleError> {
         if bytes > self.max_file_bytes {
             return Err(SampleError::FileTooLarge {
                 location: location(),

@@ -23,8 +23,8 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, RecordData};
 use crate::decode::{Decoder, RgbImage};
-use crate::limits::SampleLimits;
 use crate::error::{PipelineError, SampleError};
+use crate::limits::SampleLimits;
 use crate::transforms::{Transformer, Transforms};
 
 /// What to do with a sample that cannot be read or decoded.
@@ -410,11 +410,7 @@ impl Pipeline {
         items: impl WorkSource<Item = (WorkItem, S::Ticket)>,
         sink: &S,
     ) -> Result<RunStats, PipelineError> {
-        let (augment, seed, limits) = (
-            &self.config.augment,
-            self.config.seed,
-            self.config.limits,
-        );
+        let (augment, seed, limits) = (&self.config.augment, self.config.seed, self.config.limits);
         let make = || ImageMaker {
             processor: SampleProcessor::with_limits(augment.clone(), seed, limits),
             dataset,

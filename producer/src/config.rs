@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ladle_datasets::{BadSamplePolicy, SampleLimits};
 use ladle_datasets::pipeline::default_threads;
 use ladle_datasets::transforms::Transforms;
+use ladle_datasets::{BadSamplePolicy, SampleLimits};
 
 pub(crate) use crate::pacing::Pacing;
 

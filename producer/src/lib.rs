@@ -80,7 +80,9 @@ use std::time::{Duration, Instant};
 
 use ladle_datasets::Dataset;
 use ladle_datasets::pipeline::PipelineConfig;
-use ladle_ring::protocol::{DatasetInfo, FeedIdentity, FeedStats, ServerMessage};
+use ladle_ring::protocol::{
+    ClassNameFrames, DatasetInfo, FeedIdentity, FeedStats, PROTOCOL_VERSION, ServerMessage, Welcome,
+};
 use ladle_ring::{ProducerRing, RingLayout};
 
 use crate::feed::CutPoints;
@@ -208,6 +210,18 @@ impl Producer {
             },
             schema: layout.schema.to_string(),
         };
+        // How the class names travel: in the Welcome, or before it when they do not fit its
+        // frame (20 000 classes do not). Decided here, so that a feed no consumer could join
+        // does not start.
+        let class_names = ClassNameFrames::plan(&Welcome {
+            version: PROTOCOL_VERSION,
+            consumer_id: u64::MAX,
+            layout: layout.clone(),
+            dataset: info.clone(),
+            start_seq: u64::MAX,
+            identity: identity.clone(),
+        })
+        .map_err(|e| ProducerError::InvalidOption(e.to_string()))?;
         let listener = server::bind(&config.socket)?;
         tracing::info!(
             "serving {} samples of {} on {} (ring: {} samples of {}, {} MiB, {} threads)",
@@ -228,6 +242,7 @@ impl Producer {
             source,
             info,
             identity,
+            class_names,
             state: Mutex::new(State {
                 readers,
                 cuts: CutPoints::default(),

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ladle_ring::protocol::{ConsumerInfo, DatasetInfo, FeedIdentity, FeedStats, ServerMessage};
+use ladle_ring::protocol::{
+    ClassNameFrames, ConsumerInfo, DatasetInfo, FeedIdentity, FeedStats, ServerMessage,
+};
 use ladle_ring::{CursorPage, ProducerRing, Readers};
 
 use crate::feed::CutPoints;
@@ -134,6 +136,8 @@ pub(crate) struct Shared {
     pub(crate) info: DatasetInfo,
     /// What a consumer's saved position is checked against.
     pub(crate) identity: FeedIdentity,
+    /// How the class names travel to a consumer: in its `Welcome`, or before it.
+    pub(crate) class_names: ClassNameFrames,
     pub(crate) state: Mutex<State>,
     /// Signalled when a consumer joins or leaves.
     pub(crate) changed: Condvar,

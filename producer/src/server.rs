@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ladle_ring::protocol::{
-    self, ClientMessage, GroupHello, Hello, PROTOCOL_VERSION, ServerMessage, Welcome,
+    self, ClientMessage, DatasetInfo, GroupHello, Hello, MAX_WORLD_SIZE, PROTOCOL_VERSION,
+    ServerMessage, Welcome,
 };
 use ladle_ring::{CursorPage, ProtocolError, sys};
 
@@ -259,9 +260,22 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         )
         .into());
     }
+    // Class names that do not fit the Welcome's frame come before it (and before a group's
+    // wait), within this handshake's write timeout.
+    for frame in &shared.class_names.frames {
+        protocol::send(conn, frame, &[]).map_err(|e| format!("cannot send class names: {e}"))?;
+    }
     let socket = conn.try_clone().map_err(|e| e.to_string())?;
     let page = Arc::new(CursorPage::create(0).map_err(|e| e.to_string())?);
     if let Some(g) = &group {
+        if g.world_size > MAX_WORLD_SIZE {
+            return Err(format!(
+                "group {}: {} ranks are more than a feed takes ({MAX_WORLD_SIZE})",
+                log_name(&g.name),
+                g.world_size,
+            )
+            .into());
+        }
         if u64::from(g.world_size) > shared.info.len {
             return Err(format!(
                 "group {}: {} ranks cannot split a dataset of {} samples",
@@ -295,7 +309,15 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         version: PROTOCOL_VERSION,
         consumer_id: id,
         layout: layout.clone(),
-        dataset: shared.info.clone(),
+        dataset: if shared.class_names.inline {
+            shared.info.clone()
+        } else {
+            DatasetInfo {
+                len: shared.info.len,
+                class_names: Vec::new(),
+                source: shared.info.source.clone(),
+            }
+        },
         start_seq: start,
         identity: shared.identity.clone(),
     };

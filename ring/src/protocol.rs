@@ -67,6 +67,19 @@
 //!   Rejoin                        ─►  (when the feed no longer outruns it)
 //!                                 ◄─ Rejoined{start_seq}
 //! ```
+//!
+//! Version 10: class names that do not fit the `Welcome`'s frame (more than about 5 400 of
+//! them: ImageNet-21k has 21 841) come before it, in `ClassNames` frames of at most
+//! [`MAX_FRAME`] each, and the `Welcome` carries none ([`ClassNameFrames`],
+//! [`ClassNamesReceiver`]). A feed whose `Welcome` would not fit a frame even without its
+//! class names (a path or transform of tens of KB) refuses to start instead of refusing
+//! every consumer.
+//!
+//! ```text
+//!   Hello{…}                      ─►
+//!                                 ◄─ ClassNames{total, names} …   (only if they do not fit)
+//!                                 ◄─ [GroupWaiting …] Welcome{…, dataset.class_names: []}
+//! ```
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -78,8 +91,12 @@ use crate::error::ProtocolError;
 use crate::layout::RingLayout;
 use crate::sys;
 
+#[path = "protocol_class_names.rs"]
+mod class_names;
+pub use class_names::{ClassNameFrames, ClassNamesReceiver, MAX_CLASS_NAME_BYTES};
+
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -100,6 +117,10 @@ pub struct Hello {
     /// The DDP job this consumer is one rank of, if any.
     pub group: Option<GroupHello>,
 }
+
+/// The most ranks a group may have: its `GroupWaiting` and `GroupIncomplete` list ranks, and
+/// must fit one frame (8 192 ranks of a node's feed is far beyond any node's GPUs).
+pub const MAX_WORLD_SIZE: u32 = 8192;
 
 /// A consumer's place in a group: one rank of a DDP job. The group's ranks split each epoch
 /// among themselves (the split is the consumers' business); the producer only holds their
@@ -239,6 +260,14 @@ pub enum ServerMessage {
     },
     /// Answer to [`ClientMessage::Stats`].
     Stats(FeedStats),
+    /// Some of the feed's class names, sent before the `Welcome` when they do not fit its
+    /// frame (protocol version 10); the `Welcome` then carries none.
+    ClassNames {
+        /// How many class names the feed has in all.
+        total: u64,
+        /// The next names, in order.
+        names: Vec<String>,
+    },
     /// The consumer's group is not complete yet: its `Welcome` waits for the missing ranks.
     /// Sent after its `Hello` and again each time another rank joins.
     GroupWaiting {
@@ -672,6 +701,24 @@ mod tests {
             "{got:?}"
         );
         drop(listener);
+    }
+
+    #[test]
+    fn the_messages_that_grow_with_a_group_fit_a_frame_at_the_largest_group() {
+        let ranks: Vec<u32> = (0..MAX_WORLD_SIZE).collect();
+        for message in [
+            ServerMessage::GroupWaiting {
+                joined: ranks.clone(),
+                world_size: MAX_WORLD_SIZE,
+            },
+            ServerMessage::GroupIncomplete {
+                missing: ranks,
+                waited_s: f64::MAX,
+            },
+        ] {
+            let body = serde_json::to_vec(&message).unwrap();
+            assert!(body.len() <= MAX_FRAME, "{} bytes", body.len());
+        }
     }
 
     #[test]

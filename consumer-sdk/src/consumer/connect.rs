@@ -2,7 +2,7 @@
 //! mappings.
 
 use super::*;
-use ladle_ring::protocol::Welcome;
+use ladle_ring::protocol::{ClassNamesReceiver, Welcome};
 
 /// Connects to `socket`, retrying for up to `wait` while no file exists there yet (a feed
 /// still starting); any other error, a refused connection included, is returned at once.
@@ -36,15 +36,16 @@ fn receive_welcome(
     config: &ConsumerConfig,
     started: Instant,
     mut deadline: Instant,
+    names: &mut ClassNamesReceiver,
 ) -> Result<(ServerMessage, Vec<OwnedFd>), Result<ProtocolError, ConnectError>> {
     let Some(group) = &config.group else {
-        return protocol::recv_by::<ServerMessage>(sock, deadline).map_err(Ok);
+        return recv_gathering_names(sock, deadline, names).map_err(Ok);
     };
     let group_deadline =
         started + config.group_timeout.min(GROUP_WAIT_CAP) + config.handshake_timeout;
     let mut joined = Vec::new();
     loop {
-        match protocol::recv_by::<ServerMessage>(sock, deadline) {
+        match recv_gathering_names(sock, deadline, names) {
             Ok((ServerMessage::GroupWaiting { joined: now, .. }, _)) => {
                 tracing::info!(group = %group.name, rank = group.rank, joined = ?now, world_size = group.world_size, "waiting for the other ranks of the group");
                 joined = now;
@@ -75,6 +76,21 @@ fn receive_welcome(
                 }));
             }
             other => return other.map_err(Ok),
+        }
+    }
+}
+
+/// The next answer that is not `ClassNames` (protocol version 10): those are gathered into
+/// `names`, to be put back into the `Welcome`.
+fn recv_gathering_names(
+    sock: &UnixStream,
+    deadline: Instant,
+    names: &mut ClassNamesReceiver,
+) -> Result<(ServerMessage, Vec<OwnedFd>), ProtocolError> {
+    loop {
+        match protocol::recv_by::<ServerMessage>(sock, deadline)? {
+            (ServerMessage::ClassNames { total, names: some }, _) => names.add(total, some)?,
+            other => return Ok(other),
         }
     }
 }
@@ -292,7 +308,9 @@ fn handshake(
     if let Err(e) = protocol::send(sock, &hello, &[]) {
         return Err(handshake_error(e, socket.to_owned()));
     }
-    let (message, fds) = match receive_welcome(sock, socket, config, started, deadline) {
+    let mut names = ClassNamesReceiver::default();
+    let (message, fds) = match receive_welcome(sock, socket, config, started, deadline, &mut names)
+    {
         Ok(received) => received,
         Err(Ok(e)) => return Err(handshake_error(e, socket.to_owned())),
         Err(Err(e)) => return Err(e),
@@ -308,7 +326,7 @@ fn handshake(
             source,
         });
     }
-    let welcome = match message {
+    let mut welcome = match message {
         ServerMessage::Welcome(welcome) => welcome,
         ServerMessage::Reject { reason }
         | ServerMessage::End { reason }
@@ -320,6 +338,7 @@ fn handshake(
         }
         ServerMessage::Rejoined { .. }
         | ServerMessage::Stats(_)
+        | ServerMessage::ClassNames { .. }
         | ServerMessage::GroupWaiting { .. }
         | ServerMessage::GroupIncomplete { .. }
         | ServerMessage::GroupBroken { .. } => {
@@ -336,6 +355,12 @@ fn handshake(
             theirs: welcome.version,
         });
     }
+    names
+        .finish(&mut welcome)
+        .map_err(|source| ConnectError::Protocol {
+            socket: socket.to_owned(),
+            source,
+        })?;
     Ok((welcome, fds))
 }
 
