@@ -12,14 +12,16 @@
 //! joins late. The batch size and `drop_last` are recorded for the caller to compare; they
 //! change the batches, not the set.
 //!
-//! ## Format, version 1
-//! Little-endian; a string is a `u32` byte length and that many bytes of UTF-8.
+//! ## Format, version 2
+//! Little-endian; a string is a `u32` byte length and that many bytes of UTF-8. Version 1 is
+//! the same without the identity's `files` and `sizes` (read as empty: such a position is
+//! checked against the feed's source path, as it was when saved).
 //!
 //! | field                 | bytes                                                           |
 //! |-----------------------|-----------------------------------------------------------------|
 //! | magic                 | `LADLEPOS` (8)                                                  |
 //! | format version        | `u32` ([`FORMAT_VERSION`])                                       |
-//! | feed identity         | source (str), len (`u64`), classes (str), seed (`u64`), transform (str), schema (str) |
+//! | feed identity         | source (str), len (`u64`), classes (str), seed (`u64`), transform (str), schema (str), files (str), sizes (str) |
 //! | epoch                 | `u64`                                                           |
 //! | batch size, drop_last | `u32`, `u8` (0 or 1)                                            |
 //! | group                 | `u8` 0 (none) or 1, then name (str), rank `u32`, world size `u32`, even `u8` (0 pad, 1 drop) |
@@ -69,10 +71,10 @@ use crate::plan::{
 pub const MAGIC: [u8; 8] = *b"LADLEPOS";
 
 /// The format version [`SavedPosition::encode`] writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The format versions [`SavedPosition::decode`] reads.
-pub const READABLE_VERSIONS: &[u32] = &[1];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2];
 
 /// Delivered-set encodings (the tag byte).
 const BITMAP: u8 = 0;
@@ -231,17 +233,31 @@ pub enum PositionError {
     },
     /// The position was saved against another feed.
     #[error(
-        "the position was saved against another feed: its {field} was {saved:?}, the feed served has {served:?}"
+        "the position was saved against another feed: its {field} was {saved:?}, the feed served has {served:?}{}",
+        other_feed_hint(field)
     )]
     OtherFeed {
         /// The first field of [`FeedIdentity`] that differs ("source", "length", "class
-        /// names", "seed", "transform", "schema").
+        /// names", "sample files", "sample sizes", "seed", "transform", "schema").
         field: &'static str,
         /// Its value in the position.
         saved: String,
         /// Its value in the feed served.
         served: String,
     },
+}
+
+/// What a difference in `field` means, for [`PositionError::OtherFeed`]'s message.
+fn other_feed_hint(field: &str) -> &'static str {
+    match field {
+        "sample files" => {
+            " (a sample file was added, removed or renamed, or moved to another class, since the \
+             position was saved)"
+        }
+        "sample sizes" => " (a sample file was rewritten since the position was saved)",
+        "source" => " (a position saved before ladle compared the data is checked by its path)",
+        _ => "",
+    }
 }
 
 /// `1, 2, 3`.
@@ -279,6 +295,8 @@ impl SavedPosition {
         out.extend_from_slice(&id.seed.to_le_bytes());
         put_str(&mut out, &id.transform);
         put_str(&mut out, &id.schema);
+        put_str(&mut out, &id.files);
+        put_str(&mut out, &id.sizes);
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.batch_size.to_le_bytes());
         out.push(u8::from(self.drop_last));
@@ -335,11 +353,11 @@ impl SavedPosition {
     /// The feed identity a position was saved against, read from its header without
     /// allocating for its delivered set: a cheap first check (is it a position at all?).
     pub fn identity_of(bytes: &[u8]) -> Result<FeedIdentity, PositionError> {
-        let mut r = Self::header(bytes)?;
-        Self::read_identity(&mut r)
+        let (mut r, version) = Self::header(bytes)?;
+        Self::read_identity(&mut r, version)
     }
 
-    fn header(bytes: &[u8]) -> Result<Reader<'_>, PositionError> {
+    fn header(bytes: &[u8]) -> Result<(Reader<'_>, u32), PositionError> {
         if !bytes.starts_with(&MAGIC) {
             return Err(if MAGIC.starts_with(bytes) && !bytes.is_empty() {
                 truncated("magic", 0, MAGIC.len() as u64, bytes.len())
@@ -358,16 +376,21 @@ impl SavedPosition {
                 supported: READABLE_VERSIONS,
             });
         }
-        Ok(r)
+        Ok((r, version))
     }
 
-    fn read_identity(r: &mut Reader<'_>) -> Result<FeedIdentity, PositionError> {
+    fn read_identity(r: &mut Reader<'_>, version: u32) -> Result<FeedIdentity, PositionError> {
         let source = r.str("feed source")?;
         let len = r.u64("feed length")?;
         let classes = r.str("feed class names")?;
         let seed = r.u64("feed seed")?;
         let transform = r.str("feed transform")?;
         let schema = r.str("feed schema")?;
+        let (files, sizes) = if version >= 2 {
+            (r.str("feed sample files")?, r.str("feed sample sizes")?)
+        } else {
+            (String::new(), String::new())
+        };
         Ok(FeedIdentity {
             source,
             len,
@@ -375,14 +398,16 @@ impl SavedPosition {
             seed,
             transform,
             schema,
+            files,
+            sizes,
         })
     }
 
     // Long (~170 lines) on purpose: it reads the format's fields in their byte order, each
     // checked where it is read, so that the layout is in one place to compare with `encode`.
     fn decode_checked(bytes: &[u8], feed_len: Option<u64>) -> Result<Self, PositionError> {
-        let mut r = Self::header(bytes)?;
-        let identity = Self::read_identity(&mut r)?;
+        let (mut r, version) = Self::header(bytes)?;
+        let identity = Self::read_identity(&mut r, version)?;
         if let Some(feed_len) = feed_len
             && identity.len != feed_len
         {

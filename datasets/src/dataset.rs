@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::SampleError;
+use crate::fingerprint::Fingerprint;
 use crate::limits::SampleLimits;
 
 /// The on-disk formats ladle reads.
@@ -99,6 +100,11 @@ pub trait Dataset: Send + Sync + fmt::Debug {
         scratch: &'a mut Vec<u8>,
         limits: &SampleLimits,
     ) -> Result<RecordData<'a>, SampleError>;
+
+    /// What the samples are, independent of where the dataset lies: digests of their
+    /// relative names and of their sizes, in index order ([`crate::fingerprint`]). Costs a
+    /// `stat` per file for an ImageFolder; computed on each call.
+    fn fingerprint(&self) -> Fingerprint;
 
     /// Problems found while indexing (e.g. a tar member without a label): those samples are
     /// left out of `0..len` and reported here.

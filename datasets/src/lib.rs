@@ -88,6 +88,7 @@
 mod dataset;
 pub mod decode;
 mod error;
+pub mod fingerprint;
 pub mod formats;
 pub mod inspect;
 pub mod limits;
@@ -100,6 +101,7 @@ pub mod transforms;
 
 pub use dataset::{Dataset, Format, LeftOut, RecordData};
 pub use error::{AugmentError, DecodeError, GenerateError, OpenError, PipelineError, SampleError};
+pub use fingerprint::Fingerprint;
 pub use formats::{cifar, detect, imagefolder, open, wds};
 pub use limits::SampleLimits;
 pub use pipeline::BadSamplePolicy;

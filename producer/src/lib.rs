@@ -199,6 +199,21 @@ impl Producer {
             },
             Source::Custom(custom) => custom.info(),
         };
+        // What the samples are, wherever they lie: a saved position is checked against it,
+        // not against the path (a `stat` per ImageFolder file, over threads).
+        let data = match &source {
+            Source::Images(dataset) => {
+                let started = Instant::now();
+                let data = dataset.fingerprint();
+                tracing::debug!(
+                    "fingerprinted {} samples in {:.3} s",
+                    info.len,
+                    started.elapsed().as_secs_f64()
+                );
+                data
+            }
+            Source::Custom(_) => ladle_datasets::Fingerprint::default(),
+        };
         let identity = FeedIdentity {
             source: info.source.clone(),
             len: info.len,
@@ -209,6 +224,8 @@ impl Producer {
                 Source::Custom(_) => String::new(),
             },
             schema: layout.schema.to_string(),
+            files: data.files,
+            sizes: data.sizes,
         };
         // How the class names travel: in the Welcome, or before it when they do not fit its
         // frame (20 000 classes do not). Decided here, so that a feed no consumer could join

@@ -80,6 +80,11 @@
 //!                                 ◄─ ClassNames{total, names} …   (only if they do not fit)
 //!                                 ◄─ [GroupWaiting …] Welcome{…, dataset.class_names: []}
 //! ```
+//!
+//! Version 11: the `Welcome`'s [`FeedIdentity`] carries digests of the data (the samples'
+//! relative names and sizes, `files` and `sizes`), and a saved position is checked against
+//! them instead of the source path: the same data under another path resumes, other data
+//! under the same path is refused naming what changed.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -96,7 +101,7 @@ mod class_names;
 pub use class_names::{ClassNameFrames, ClassNamesReceiver, MAX_CLASS_NAME_BYTES};
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -137,12 +142,15 @@ pub struct GroupHello {
     pub timeout_ms: u64,
 }
 
-/// What makes a feed the same feed for a saved position: the same dataset (its source,
-/// length and class names), seed, transform and sample schema. A position saved against one
-/// feed continues exactly on a feed of equal identity (a restarted producer included).
+/// What makes a feed the same feed for a saved position: the same data (its length, class
+/// names, and the digests of its samples' relative names and sizes), seed, transform and
+/// sample schema. A position saved against one feed continues exactly on a feed of equal
+/// identity (a restarted producer included), wherever the data lies: the source path is only
+/// a hint when the data's digests are known (protocol version 11).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeedIdentity {
-    /// Where the producer reads from (a path, or a custom source's name).
+    /// Where the producer reads from (a path, or a custom source's name): compared only when
+    /// either side has no data digests (a custom source, or a position from before them).
     pub source: String,
     /// Samples per epoch.
     pub len: u64,
@@ -155,21 +163,43 @@ pub struct FeedIdentity {
     pub transform: String,
     /// The sample schema, as its `Display` shows it.
     pub schema: String,
+    /// A digest (FNV-1a, hex) of the samples' names relative to the dataset's root, in index
+    /// order (`ladle_datasets::Fingerprint`); empty for a custom source.
+    #[serde(default)]
+    pub files: String,
+    /// A digest of the samples' sizes in bytes, in index order; empty for a custom source.
+    #[serde(default)]
+    pub sizes: String,
 }
 
 impl FeedIdentity {
     /// The first field in which `self` (saved) and `feed` (now served) differ, as
-    /// `(name, saved, served)`; `None` when they are the same feed.
+    /// `(name, saved, served)`; `None` when they are the same feed. With the data's digests
+    /// on both sides, the data is compared and its path is not: the same files under another
+    /// path (`a/` for `a`, a link, a staged copy) are the same feed; other files under the
+    /// same path are not.
     pub fn difference(&self, feed: &FeedIdentity) -> Option<(&'static str, String, String)> {
+        let by_data = !self.files.is_empty() && !feed.files.is_empty();
+        let source = ("source", self.source.clone(), feed.source.clone());
+        let data = [
+            ("sample files", self.files.clone(), feed.files.clone()),
+            ("sample sizes", self.sizes.clone(), feed.sizes.clone()),
+        ];
         let pairs = [
-            ("source", self.source.clone(), feed.source.clone()),
             ("length", self.len.to_string(), feed.len.to_string()),
             ("class names", self.classes.clone(), feed.classes.clone()),
+        ];
+        let rest = [
             ("seed", self.seed.to_string(), feed.seed.to_string()),
             ("transform", self.transform.clone(), feed.transform.clone()),
             ("schema", self.schema.clone(), feed.schema.clone()),
         ];
-        pairs.into_iter().find(|(_, a, b)| a != b)
+        let compared: Vec<_> = if by_data {
+            pairs.into_iter().chain(data).chain(rest).collect()
+        } else {
+            std::iter::once(source).chain(pairs).chain(rest).collect()
+        };
+        compared.into_iter().find(|(_, a, b)| a != b)
     }
 
     /// FNV-1a (64-bit) of the class names, each followed by a NUL, as 16 hex digits.
@@ -701,6 +731,47 @@ mod tests {
             "{got:?}"
         );
         drop(listener);
+    }
+
+    #[test]
+    fn a_feed_is_the_same_by_its_data_wherever_it_lies_and_by_its_path_without_digests() {
+        let saved = FeedIdentity {
+            source: "/data/a".into(),
+            len: 10,
+            classes: "c".into(),
+            seed: 1,
+            transform: "t".into(),
+            schema: "s".into(),
+            files: "f".into(),
+            sizes: "z".into(),
+        };
+        let moved = FeedIdentity {
+            source: "/tmp/job/a/".into(),
+            ..saved.clone()
+        };
+        assert_eq!(saved.difference(&moved), None);
+        let renamed = FeedIdentity {
+            files: "g".into(),
+            ..saved.clone()
+        };
+        assert_eq!(saved.difference(&renamed).unwrap().0, "sample files");
+        let rewritten = FeedIdentity {
+            sizes: "y".into(),
+            ..saved.clone()
+        };
+        assert_eq!(saved.difference(&rewritten).unwrap().0, "sample sizes");
+        // A position from before the digests (or a custom source): the path decides.
+        let old = FeedIdentity {
+            files: String::new(),
+            sizes: String::new(),
+            ..saved.clone()
+        };
+        assert_eq!(old.difference(&saved), None);
+        assert_eq!(old.difference(&moved).unwrap().0, "source");
+        // A Welcome of a producer without them reads as empty digests.
+        let json = r#"{"source":"x","len":1,"classes":"c","seed":0,"transform":"","schema":"s"}"#;
+        let parsed: FeedIdentity = serde_json::from_str(json).unwrap();
+        assert!(parsed.files.is_empty() && parsed.sizes.is_empty());
     }
 
     #[test]

@@ -163,6 +163,8 @@ mod tests {
                 seed: 0,
                 transform: String::new(),
                 schema: String::new(),
+                files: String::new(),
+                sizes: String::new(),
             },
         }
     }

@@ -530,3 +530,105 @@ fn a_consumer_killed_mid_epoch_resumes_from_the_position_it_saved_and_finishes_t
     );
     assert_eq!(epochs[1]["samples"], n, "then a whole epoch");
 }
+
+#[test]
+fn a_position_resumes_on_the_same_data_anywhere_and_is_refused_on_other_data_at_its_path() {
+    let mut fx = Fixture::new();
+    let n = 60u64;
+    let data = fx.dataset(n as u32, 24, 20);
+    let serve = fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    let reference = reference(&socket);
+    let all: Vec<u64> = (0..n).collect();
+    let (first, saved) = read_part(&Consumer::connect(&socket, config(10, None)).unwrap(), 3);
+    let rest: Vec<u64> = all.iter().copied().filter(|i| !first.contains(i)).collect();
+    let position = SavedPosition::decode(&saved).unwrap();
+    fx.signal(serve, 15);
+    fx.wait(serve, GUARD);
+    let restart = |fx: &mut Fixture, path: &Path, serve: usize| {
+        fx.signal(serve, 15);
+        fx.wait(serve, GUARD);
+        fx.serve(path, SERVE)
+    };
+
+    // A copy staged elsewhere, as a requeued job stages its data under $TMPDIR, named with a
+    // trailing slash: the same data, so the same feed. It used to be refused for its path.
+    let staged = fx.path().join("staged");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&data)
+        .arg(&staged)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let mut spelled = staged.into_os_string();
+    spelled.push("/");
+    let serve = fx.serve(Path::new(&spelled), SERVE);
+    let resumed = Consumer::connect(&socket, config(10, None)).unwrap();
+    resumed.load_position(&position).unwrap();
+    assert_epoch_is(&resumed, &rest, &reference, "resumed on a staged copy");
+    drop(resumed);
+
+    // Through a symbolic link to it.
+    let link = fx.path().join("link");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let serve = restart(&mut fx, &link, serve);
+    let resumed = Consumer::connect(&socket, config(10, None)).unwrap();
+    resumed.load_position(&position).unwrap();
+    drop(resumed);
+
+    // One file renamed within its class: its index moves and every index after it with it.
+    // It used to resume, delivering some files twice and others never.
+    let class = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .min()
+        .unwrap();
+    let file = std::fs::read_dir(&class)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .min()
+        .unwrap();
+    let renamed = class.join("zzz-renamed.jpg");
+    std::fs::rename(&file, &renamed).unwrap();
+    let serve = restart(&mut fx, &data, serve);
+    let consumer = Consumer::connect(&socket, config(10, None)).unwrap();
+    let err = consumer.load_position(&position).unwrap_err().to_string();
+    assert!(
+        err.contains("sample files") && err.contains("renamed"),
+        "{err}"
+    );
+    drop(consumer);
+    std::fs::rename(&renamed, &file).unwrap();
+
+    // Other data of the same names and count moved into the saved path: refused, naming the
+    // sizes. It used to be accepted, being at the same path.
+    let out = data.to_str().unwrap();
+    let generated = fx.run(
+        &[
+            "dataset",
+            "generate",
+            "--format",
+            "imagefolder",
+            "--count",
+            "60",
+            "--width",
+            "30",
+            "--height",
+            "22",
+            "--out",
+            out,
+            "--force",
+        ],
+        GUARD,
+    );
+    assert!(generated.status.success(), "{}", generated.stderr);
+    restart(&mut fx, &data, serve);
+    let consumer = Consumer::connect(&socket, config(10, None)).unwrap();
+    let err = consumer.load_position(&position).unwrap_err().to_string();
+    assert!(
+        err.contains("sample sizes") && err.contains("rewritten"),
+        "{err}"
+    );
+}

@@ -12,6 +12,8 @@ fn identity(len: u64) -> FeedIdentity {
         seed: 0,
         transform: "rrc224,flip".into(),
         schema: "image".into(),
+        files: "0011223344556677".into(),
+        sizes: "8877665544332211".into(),
     }
 }
 
@@ -80,14 +82,21 @@ fn imagenet_positions_are_small() {
         forty_group.len(),
         full.len()
     );
-    // The fixed fields take 75 bytes, the identity's strings theirs, an empty list's count
+    // The fixed fields take 83 bytes, the identity's strings theirs, an empty list's count
     // 1.
     let id = identity(IMAGENET);
-    let strings = [id.source, id.classes, id.transform, id.schema]
-        .concat()
-        .len();
-    assert_eq!(empty.len(), 75 + strings + 1, "{}", empty.len());
-    assert_eq!(full.len(), 75 + strings + 1, "{}", full.len());
+    let strings = [
+        id.source,
+        id.classes,
+        id.transform,
+        id.schema,
+        id.files,
+        id.sizes,
+    ]
+    .concat()
+    .len();
+    assert_eq!(empty.len(), 83 + strings + 1, "{}", empty.len());
+    assert_eq!(full.len(), 83 + strings + 1, "{}", full.len());
     assert!(empty.len() - strings < 100);
     let bitmap = IMAGENET.div_ceil(8) as usize;
     // The bitmap, and the same fixed fields and strings.
@@ -501,5 +510,48 @@ fn a_position_claiming_another_length_is_refused_before_anything_is_allocated_fo
     assert_eq!(
         SavedPosition::identity_of(b"not a position"),
         Err(PositionError::NotAPosition)
+    );
+}
+
+#[test]
+fn a_version_1_position_still_reads_with_no_data_digests_and_is_checked_by_its_path() {
+    let mut saved = position(random_set(1000, 0.3, 5), Some(group()));
+    saved.identity.files.clear();
+    saved.identity.sizes.clear();
+    // Version 1 is version 2 without the two (here empty) strings after the schema.
+    let v2 = saved.encode();
+    let id = &saved.identity;
+    let after_schema = MAGIC.len()
+        + 4
+        + [&id.source, &id.classes, &id.transform, &id.schema]
+            .iter()
+            .map(|s| 4 + s.len())
+            .sum::<usize>()
+        + 16;
+    let mut v1 = v2[..v2.len() - 8].to_vec();
+    assert_eq!(&v1[after_schema..after_schema + 8], &[0; 8]);
+    v1.drain(after_schema..after_schema + 8);
+    v1[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&1u32.to_le_bytes());
+    let checksum = fnv1a64(&v1);
+    v1.extend_from_slice(&checksum.to_le_bytes());
+    let read = SavedPosition::decode(&v1).unwrap();
+    assert_eq!(read, saved);
+    // Against a feed with digests: its path decides, as when it was saved.
+    let served = identity(1000);
+    assert!(read.check_feed(&served).is_ok());
+    let moved = FeedIdentity {
+        source: "/elsewhere".into(),
+        ..served
+    };
+    let err = read.check_feed(&moved).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::OtherFeed {
+                field: "source",
+                ..
+            }
+        ),
+        "{err}"
     );
 }

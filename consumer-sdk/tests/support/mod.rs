@@ -396,6 +396,8 @@ fn welcome(ring: &ProducerRing, len: u64, start_seq: u64) -> Welcome {
             seed: 0,
             transform: String::new(),
             schema: ring.layout().schema.to_string(),
+            files: String::new(),
+            sizes: String::new(),
         },
     }
 }

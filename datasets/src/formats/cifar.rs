@@ -13,12 +13,14 @@
 //! memory map would save nothing measurable and would turn a file truncated underneath us into
 //! `SIGBUS` instead of an error.
 
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::{list_dir, read_class_names};
 use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
+use crate::fingerprint::Fingerprint;
 use crate::limits::SampleLimits;
 
 /// Side of a CIFAR image.
@@ -249,6 +251,21 @@ impl Dataset for CifarDataset {
             height: SIDE,
             bytes: &scratch[label_bytes(self.format)..size],
         })
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        let size = record_size(self.format) as u64;
+        let names: Vec<Vec<u8>> = (self.files.iter())
+            .flat_map(|file| {
+                let name = file.path.file_name().unwrap_or(file.path.as_os_str());
+                (0..file.records).map(move |record| {
+                    let mut n = name.as_bytes().to_vec();
+                    n.extend_from_slice(format!("#record{record}").as_bytes());
+                    n
+                })
+            })
+            .collect();
+        crate::fingerprint::of(names.iter().map(|n| (n.as_slice(), size)))
     }
 
     fn problems(&self) -> &[SampleError] {

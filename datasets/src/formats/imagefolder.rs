@@ -52,6 +52,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dataset::{Dataset, Format, LeftOut, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
+use crate::fingerprint::Fingerprint;
 use crate::limits::SampleLimits;
 
 /// torchvision's `IMG_EXTENSIONS`, without the dot: a file whose name ends with `.` and one of
@@ -363,6 +364,15 @@ impl Dataset for ImageFolder {
             .map_err(io)?;
         limits.check_file(|| crate::names::escape_path(path), scratch.len() as u64)?;
         Ok(RecordData::Encoded(scratch))
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        let paths: Vec<&Path> = self.files.iter().map(|(p, _)| p.as_path()).collect();
+        let sizes = crate::fingerprint::sizes_of(&paths);
+        crate::fingerprint::of(paths.iter().zip(sizes).map(|(path, size)| {
+            let relative = path.strip_prefix(&self.root).unwrap_or(path);
+            (relative.as_os_str().as_bytes(), size)
+        }))
     }
 
     fn problems(&self) -> &[SampleError] {

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,7 @@ use super::{list_dir, read_class_names};
 const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png"];
 use crate::dataset::{Dataset, Format, RecordData, check_index};
 use crate::error::{OpenError, SampleError};
+use crate::fingerprint::Fingerprint;
 use crate::limits::SampleLimits;
 
 #[derive(Debug)]
@@ -265,6 +267,30 @@ impl Dataset for WebDataset {
                 source,
             })?;
         Ok(RecordData::Encoded(&scratch[..len]))
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        // A shard's file name and the member's name: the shards' folder is where the data
+        // lies, not what it is.
+        let names: Vec<Vec<u8>> = (self.members.iter())
+            .map(|m| {
+                let shard = &self.shards[m.shard].path;
+                let mut name = shard
+                    .file_name()
+                    .unwrap_or(shard.as_os_str())
+                    .as_bytes()
+                    .to_vec();
+                name.push(b':');
+                name.extend_from_slice(m.name.as_bytes());
+                name
+            })
+            .collect();
+        crate::fingerprint::of(
+            names
+                .iter()
+                .zip(&self.members)
+                .map(|(name, m)| (name.as_slice(), m.len)),
+        )
     }
 
     fn problems(&self) -> &[SampleError] {
