@@ -39,16 +39,16 @@
 //! A single changed byte always changes the checksum (each FNV-1a step is a bijection of its
 //! state), so it is caught.
 //!
-//! Sizes: the fixed fields take 75 bytes, the identity's strings their length, a group 13
-//! bytes and its name; then the payload (an empty list: its count, 1 byte). For ImageNet (`N` = 1 281 167), with
-//! 52 bytes of identity strings and no group (the test `imagenet_positions_are_small` prints
-//! them):
+//! Sizes: the fixed fields take 83 bytes, the identity's strings their length, a group 13
+//! bytes and its name; then the payload (an empty list: its count, 1 byte). For ImageNet (`N` =
+//! 1 281 167), with 84 bytes of identity strings (the two data digests 32 of them) and no
+//! group (the test `imagenet_positions_are_small` prints them):
 //!
 //! | delivered           | encoding       | bytes   |
 //! |---------------------|----------------|---------|
-//! | none (epoch start)  | delivered list | 128     |
-//! | 40%, at random      | bitmap         | 160 273 (`⌈N/8⌉` = 160 146 + 127) |
-//! | all (epoch end)     | missing list   | 128     |
+//! | none (epoch start)  | delivered list | 168     |
+//! | 40%, at random      | bitmap         | 160 313 (`⌈N/8⌉` = 160 146 + 167) |
+//! | all (epoch end)     | missing list   | 168     |
 //!
 //! A list costs about a byte per index while the gaps stay under 128, so it wins below about
 //! 1/8 (or above 7/8) of `N` delivered, and the bitmap between.
