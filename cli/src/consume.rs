@@ -325,6 +325,9 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             );
         }
     }
+    // Done as asked (its epochs, or --seconds): a rank leaves without breaking its group. An
+    // error above drops it instead, which breaks a rank's group mid-epoch.
+    consumer.close();
     let rate = per_second(total_samples, started.elapsed());
     if args.json {
         ConsumeSummary {

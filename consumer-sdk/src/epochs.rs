@@ -177,6 +177,12 @@ impl Epochs {
         self.plan.is_complete()
     }
 
+    /// Whether an epoch has begun and is not complete: a rank dropped now has not taken its
+    /// share, so its group cannot go on.
+    pub fn mid_epoch(&self) -> bool {
+        self.current.is_some() && !self.plan.is_complete()
+    }
+
     /// Whether the current epoch is gathered (copied out of its window).
     pub fn gathered(&self) -> bool {
         self.gathered

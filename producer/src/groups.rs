@@ -126,6 +126,11 @@ impl Groups {
         }
     }
 
+    /// The consumer id of rank `rank` of group `name`, if it runs.
+    pub(crate) fn running_as(&self, name: &str, rank: u32) -> Option<u64> {
+        self.by_name.get(name)?.live.get(&rank).copied()
+    }
+
     /// Where `ticket` of group `name` stands.
     pub(crate) fn standing(&self, name: &str, ticket: Ticket) -> Standing {
         let Some(group) = self.by_name.get(name) else {

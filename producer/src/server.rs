@@ -365,6 +365,10 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     Ok(id)
 }
 
+/// How long a rank's `Hello` waits for the producer to read the end of the rank's old
+/// incarnation, once that one has hung up.
+const RESTART_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Holds a rank's `Welcome` until every rank of its group has said `Hello`: tells it
 /// `GroupWaiting` (again whenever the list of ranks changes), and at its deadline (its
 /// `timeout_ms`, at most [`MAX_GROUP_WAIT`]) answers `GroupIncomplete` naming the missing
@@ -380,7 +384,28 @@ fn wait_for_group(
     let started = Instant::now();
     let deadline = started + Duration::from_millis(g.timeout_ms).min(MAX_GROUP_WAIT);
     let group = log_name(&g.name);
-    let arrival = shared.lock().groups.arrive(&g.name, g.rank, g.world_size)?;
+    let arrival = {
+        // A rank restarted at once (`torchrun --max-restarts`) can say `Hello` before this
+        // producer has read its old incarnation's end. If that one has hung up, its
+        // connection thread is about to read the end (a `Leave`, or none: then the group
+        // broke); wait for it, briefly, rather than refuse the rank as "already running".
+        let patience = Instant::now() + RESTART_PATIENCE;
+        let mut state = shared.lock();
+        loop {
+            let old_gone = (state.groups.running_as(&g.name, g.rank))
+                .and_then(|old| state.members.iter().find(|m| m.id == old))
+                .is_some_and(|m| sys::peer_hung_up(&m.socket));
+            let left = patience.saturating_duration_since(Instant::now());
+            if !old_gone || left.is_zero() {
+                break;
+            }
+            state = (shared.changed)
+                .wait_timeout(state, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        state.groups.arrive(&g.name, g.rank, g.world_size)?
+    };
     shared.changed.notify_all();
     let ticket = match arrival {
         Arrival::Whole(ticket) => {

@@ -231,6 +231,34 @@ impl PyConsumer {
         state::load(py, &self.inner, &position)
     }
 
+    /// Leaves the feed now, as done: a rank's group is not broken by it, whatever its epoch.
+    /// A consumer that is only dropped (garbage-collected, or the interpreter exits) leaves
+    /// too, except a rank in the middle of an epoch (an exception, `sys.exit`, Ctrl-C): that
+    /// breaks its group, and the other ranks get `GroupBroken`.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.close());
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving a `with` block normally closes the consumer; leaving it by an exception does
+    /// not, so that a rank in the middle of an epoch breaks its group.
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyAny>>,
+        _exc_value: Option<Bound<'_, PyAny>>,
+        _traceback: Option<Bound<'_, PyAny>>,
+    ) -> bool {
+        if exc_type.is_none() {
+            self.close(py);
+        }
+        false
+    }
+
     /// Starts the next epoch (abandoning an unfinished one) and returns its iterator.
     fn __iter__(&self) -> PyEpoch {
         PyEpoch {

@@ -243,6 +243,45 @@ def test_a_rank_killed_mid_epoch_breaks_its_group_for_the_others(serve, children
         child.release()
 
 
+@pytest.mark.parametrize("how", ["raise", "exit", "sigint"])
+def test_a_rank_that_dies_the_ordinary_way_mid_epoch_breaks_its_group(
+    serve, children, odd_dataset, how
+):
+    # It used to say Leave as the interpreter dropped it: the others read on as if it were
+    # done, and its restart joined them at once.
+    producer = serve(odd_dataset)
+    ranks = [
+        children(socket=str(producer.socket), batch_size=5, epochs=1_000_000, pace=0.02,
+                 group="job", rank=r, world_size=2, group_timeout=DEADLINE,
+                 **({"die_after": 2, "die_how": how} if r == 1 else {}))
+        for r in range(2)
+    ]
+    ranks[1].wait_for("dying")
+    assert ranks[1].proc.wait(timeout=DEADLINE) != 0, ranks[1].stderr()
+    error = ranks[0].wait_for("broken")
+    assert error["type"] == "GroupBroken" and "rank 1" in error["message"], error
+    ranks[0].release()
+
+
+@pytest.mark.parametrize("end", ["epoch end", "close"])
+def test_a_rank_that_ends_at_an_epoch_end_or_closes_leaves_its_group_unbroken(
+    serve, children, odd_dataset, end
+):
+    producer = serve(odd_dataset)
+    how = {"die_at_epoch_end": True, "die_how": "exit"} if end == "epoch end" else {
+        "die_after": 2, "die_how": "close"}
+    ranks = [
+        children(socket=str(producer.socket), batch_size=5, epochs=3, pace=0.01,
+                 group="job", rank=r, world_size=2, group_timeout=DEADLINE,
+                 **(how if r == 1 else {}))
+        for r in range(2)
+    ]
+    ranks[1].wait_for("dying")
+    ranks[1].proc.wait(timeout=DEADLINE)
+    ranks[0].wait_for("done")  # fails on GroupBroken
+    ranks[0].release()
+
+
 def test_a_group_whose_ranks_never_all_join_names_the_missing_ones(serve, odd_dataset):
     import ladle
 
@@ -511,11 +550,33 @@ def test_a_ddp_job_killed_mid_epoch_and_restarted_from_its_ranks_states_delivers
     assert set(later) == set(range(ODD_LEN)) and sum(later.values()) == world * share
 
 
+class _Crash(Exception):
+    """A training loop's own error: not reported, left to end the process."""
+
+
+def _die(how: str, consumer) -> None:
+    """Ends a rank the ordinary ways a training loop ends, leaving the consumer to the
+    interpreter: an exception, sys.exit(1), Ctrl-C; or closes it first."""
+    if how == "raise":
+        raise _Crash("the loss is NaN")
+    if how == "exit":
+        sys.exit(1)
+    if how == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(DEADLINE)  # KeyboardInterrupt comes first
+    if how == "close":
+        consumer.close()
+        sys.exit(0)
+    raise AssertionError(how)
+
+
 def child(spec: dict) -> None:
     """One reader process: connects as `spec` says (loading the pickled state `state_in`),
     reads `epochs` epochs (pausing `pace` seconds per batch), reporting each batch; after
     `save_after` batches it pickles `state_dict()` to `state_out`, says "saved" and waits to
-    be killed. At the end it says "done" and waits for stdin to close."""
+    be killed. After `die_after` batches (or at the end of its first epoch, with
+    `die_at_epoch_end`) it says "dying" and ends as `die_how` says (`_die`). At the end it
+    says "done" and waits for stdin to close."""
     import numpy as np
 
     import ladle
@@ -554,7 +615,15 @@ def child(spec: dict) -> None:
                     del saved["ladle_position"]
                     emit("saved", state=saved)
                     sys.stdin.read()  # killed here
+                if batches == spec.get("die_after"):
+                    emit("dying")
+                    _die(spec["die_how"], consumer)
                 time.sleep(spec.get("pace", 0))
+            if spec.get("die_at_epoch_end"):
+                emit("dying")
+                _die(spec["die_how"], consumer)
+    except _Crash:
+        raise
     except ladle.GroupBroken as error:
         emit("broken", type=type(error).__name__, message=str(error), t=time.monotonic(),
              is_ladle_error=isinstance(error, ladle.LadleError))

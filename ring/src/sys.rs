@@ -262,6 +262,27 @@ pub fn connect_by(
     }
 }
 
+/// Whether the other end of a connected socket has closed (or the socket failed), without
+/// reading or blocking: what a producer asks of a rank's old connection before it refuses its
+/// restarted incarnation as "already running".
+pub fn peer_hung_up(sock: impl AsFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &sock,
+        rustix::event::PollFlags::RDHUP,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|_| {
+        fds[0].revents().intersects(
+            rustix::event::PollFlags::RDHUP
+                | rustix::event::PollFlags::HUP
+                | rustix::event::PollFlags::ERR,
+        )
+    })
+}
+
 /// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
 pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
     Ok(rustix::net::sockopt::socket_peercred(sock)?.uid.as_raw())

@@ -169,6 +169,7 @@ impl Consumer {
                 skims: 0,
             }),
             catching_up: Mutex::new(()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -64,6 +64,8 @@ pub struct Consumer {
     state: Mutex<State>,
     /// Held while a catch-up batch is gathered (one at a time; see [`Consumer::rejoin`]).
     catching_up: Mutex<()>,
+    /// [`Consumer::close`] said `Leave`: dropping says nothing more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 // A consumer is shared by the batches of a `SharedEpoch`, which bindings hand to any thread.
@@ -696,8 +698,46 @@ impl Consumer {
     }
 }
 
+impl Consumer {
+    /// Leaves the feed now, as done: the producer forgets this consumer, and a rank's group
+    /// is not broken by it whatever its epoch (the last rank of a job to finish, or one that
+    /// stops early on purpose). Batches read after it fail. Dropping a consumer leaves too,
+    /// except a rank in the middle of an epoch: see the [`Drop`] impl.
+    pub fn close(&self) {
+        if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = protocol::send(&sock, &ClientMessage::Leave, &[]) {
+            tracing::debug!(consumer_id = self.consumer_id, "sending Leave failed: {e}");
+        }
+    }
+}
+
+/// Dropping a consumer says `Leave`, as done, with one exception: a rank of a group dropped
+/// in the middle of an epoch (an exception unwinding the training loop, `sys.exit`, Ctrl-C)
+/// did not take its share, so it hangs up without `Leave` and the producer tells the other
+/// ranks `GroupBroken`, as when it is killed. At an epoch's end, or after
+/// [`Consumer::close`], a rank leaves cleanly.
 impl Drop for Consumer {
     fn drop(&mut self) {
+        if *self.closed.get_mut() {
+            return;
+        }
+        let broken = self.config.group.is_some()
+            && self
+                .state
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .epochs
+                .mid_epoch();
+        if broken {
+            tracing::info!(
+                consumer_id = self.consumer_id,
+                "a rank dropped in the middle of an epoch: its group breaks"
+            );
+            return;
+        }
         let sock = self.sock.get_mut().unwrap_or_else(PoisonError::into_inner);
         // Best effort: closing the socket, which follows, is a leave as well.
         if let Err(e) = protocol::send(sock, &ClientMessage::Leave, &[]) {

@@ -194,6 +194,18 @@ class Consumer:
         (of this rank's share), then whole epochs follow. Only before the first epoch begins
         (else RuntimeError); a corrupt state, or one of another feed (dataset, seed,
         transform, ...), group or rank raises ValueError naming the difference."""
+    def close(self) -> None:
+        """Leaves the feed now, as done: a rank's group is not broken by it, whatever its
+        epoch. A consumer only dropped (garbage-collected, or at exit) leaves too, except a
+        rank in the middle of an epoch (an exception, ``sys.exit``, Ctrl-C): that breaks its
+        group, and the other ranks get :class:`GroupBroken`."""
+    def __enter__(self) -> Consumer: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        _exc_value: BaseException | None,
+        _traceback: object,
+    ) -> bool: ...
     @property
     def epoch(self) -> int: ...
     @property
