@@ -269,7 +269,7 @@ pub(crate) fn run(args: SweepArgs) -> anyhow::Result<std::process::ExitCode> {
         .unwrap_or_else(|| ladle_sweep::ledger::default_out(&cwd));
     let (out, state) = match &node {
         Some(node) => (
-            slurm::node_dir(&base, &node.node),
+            slurm::node_job_dir(&base, &node.node, &node.job_id),
             node.local_dir().map_err(anyhow::Error::from)?,
         ),
         None => (base.clone(), base.clone()),

@@ -51,6 +51,9 @@ pub struct NodeReport {
     /// Why the node's part did not end: it was lost mid-sweep (`None` when it reported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost: Option<String>,
+    /// The Slurm job it ran in: a resumed sweep lists each job's part of a node apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
 }
 
 /// One run of a sweep.
@@ -83,6 +86,31 @@ pub struct RunReport {
     /// reaped it measured (none from a scheduler restarted while it ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
+    /// Its earlier attempts, oldest first, when it ran in more than one Slurm job (a resumed
+    /// sweep): each with its own logs. The fields above are the attempt that stands.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<RunAttempt>,
+}
+
+/// One earlier attempt of a run (see [`RunReport::attempts`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunAttempt {
+    /// The Slurm job it ran in.
+    pub job: Option<String>,
+    /// The node it ran on.
+    pub node: Option<String>,
+    /// How it ended (`failed`, `lost`, ...).
+    pub state: String,
+    /// Its exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Why it failed or was interrupted.
+    pub reason: Option<String>,
+    /// Its stdout log.
+    pub log: Option<PathBuf>,
+    /// Its stderr log.
+    pub stderr_log: Option<PathBuf>,
+    /// Seconds it ran.
+    pub seconds: Option<f64>,
 }
 
 /// A sweep's feed.

@@ -63,6 +63,14 @@ pub enum SweepError {
         /// What it said (its stderr), or why it could not run.
         detail: String,
     },
+    /// A file the user may have edited is in the way: ladle never overwrites it.
+    #[error("{} {detail}", path.display())]
+    Edited {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What to do about it.
+        detail: String,
+    },
     /// Running under Slurm needs a variable that Slurm did not set.
     #[error(
         "${0} is not set: `ladle sweep --slurm-node` runs inside a Slurm allocation, started by the script `ladle sweep --slurm` writes"

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ladle_observe::report::{Cost, FeedReport, NodeReport, RunReport, SweepReport};
+use ladle_observe::report::{Cost, FeedReport, NodeReport, RunAttempt, RunReport, SweepReport};
 use serde::{Deserialize, Serialize};
 
 use crate::SweepError;
@@ -279,31 +279,48 @@ pub fn succeeded(dirs: &[PathBuf]) -> Result<BTreeSet<String>, SweepError> {
 /// report; else, if a node that did not reach its end was given it, `lost` with a reason
 /// naming that node; else the last record of it that ended; else `not started`.
 pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
-    let mut best: BTreeMap<String, (u8, RunReport)> = BTreeMap::new();
-    fn offer(best: &mut BTreeMap<String, (u8, RunReport)>, rank: u8, run: &RunReport, node: &str) {
+    // The best record of each run, and, per node directory (one Slurm job's part of a node),
+    // that directory's best record of it: the attempts.
+    fn keep_better(slot: &mut Option<(u8, RunReport)>, rank: u8, run: &RunReport) {
+        if slot.as_ref().is_none_or(|(have, _)| *have <= rank) {
+            *slot = Some((rank, run.clone()));
+        }
+    }
+    type Best = BTreeMap<String, (u8, RunReport)>;
+    type PerDir = BTreeMap<String, BTreeMap<usize, (u8, RunReport)>>;
+    fn offer(
+        (best, per_dir): (&mut Best, &mut PerDir),
+        at: usize,
+        rank: u8,
+        run: &RunReport,
+        node: &str,
+    ) {
         let mut run = run.clone();
         run.node.get_or_insert_with(|| node.to_owned());
         let rank = if run.state == "succeeded" { 3 } else { rank };
-        match best.get(&run.name) {
-            Some((have, _)) if *have > rank => {}
-            _ => {
-                best.insert(run.name.clone(), (rank, run));
-            }
-        }
+        let mut slot = best.remove(&run.name);
+        keep_better(&mut slot, rank, &run);
+        best.extend(slot.map(|s| (run.name.clone(), s)));
+        let dirs = per_dir.entry(run.name.clone()).or_default();
+        let mut slot = dirs.remove(&at);
+        keep_better(&mut slot, rank, &run);
+        dirs.extend(slot.map(|s| (at, s)));
     }
-    for node in nodes {
+    let mut best = Best::new();
+    let mut per_dir = PerDir::new();
+    for (at, node) in nodes.iter().enumerate() {
         let name = node.name();
         for run in &node.ended {
-            offer(&mut best, 0, run, &name);
+            offer((&mut best, &mut per_dir), at, 0, run, &name);
         }
     }
-    for node in nodes {
+    for (at, node) in nodes.iter().enumerate() {
         let name = node.name();
         match &node.report {
             Some(report) => report
                 .runs
                 .iter()
-                .for_each(|r| offer(&mut best, 2, r, &name)),
+                .for_each(|r| offer((&mut best, &mut per_dir), at, 2, r, &name)),
             None => {
                 for run in &node.start.runs {
                     if best.get(run).is_some_and(|(rank, _)| *rank == 3) {
@@ -327,8 +344,9 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
                             last_lines: Vec::new(),
                             node: Some(name.clone()),
                             cpu_seconds: None,
+                            attempts: Vec::new(),
                         };
-                        offer(&mut best, 1, &lost, &name);
+                        offer((&mut best, &mut per_dir), at, 1, &lost, &name);
                     }
                 }
             }
@@ -338,10 +356,45 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
         Some(planned) => planned.iter().map(|r| r.name.clone()).collect(),
         None => best.keys().cloned().collect(),
     };
+    // A run's attempts in the order of their jobs (Slurm's job ids grow), the one that
+    // stands left out.
+    let job_of = |at: usize| nodes[at].start.job_id.clone();
+    let job_order = |at: &usize| {
+        let job = job_of(*at);
+        (job.as_deref().and_then(|j| j.parse::<u64>().ok()), job, *at)
+    };
+    let mut attempts_of = |name: &str, standing: &RunReport| -> Vec<RunAttempt> {
+        let mut records: Vec<(usize, RunReport)> = per_dir
+            .remove(name)
+            .into_iter()
+            .flatten()
+            .map(|(at, (_, run))| (at, run))
+            .collect();
+        if records.len() < 2 {
+            return Vec::new();
+        }
+        records.sort_by_key(|(at, _)| job_order(at));
+        (records.into_iter())
+            .filter(|(_, run)| run != standing)
+            .map(|(at, run)| RunAttempt {
+                job: job_of(at),
+                node: run.node,
+                state: run.state,
+                exit_code: run.exit_code,
+                reason: run.reason,
+                log: run.log,
+                stderr_log: run.stderr_log,
+                seconds: run.seconds,
+            })
+            .collect()
+    };
     let runs: Vec<RunReport> = order
         .iter()
         .map(|name| match best.remove(name) {
-            Some((_, run)) => run,
+            Some((_, mut run)) => {
+                run.attempts = attempts_of(name, &run);
+                run
+            }
             None => RunReport {
                 name: name.clone(),
                 args: args_of(planned, name),
@@ -355,6 +408,7 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
                 last_lines: Vec::new(),
                 node: None,
                 cpu_seconds: None,
+                attempts: Vec::new(),
             },
         })
         .collect();
@@ -376,7 +430,18 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
             bad_samples: count(&|f| f.bad_samples),
             cpu_seconds: sum(&|r| r.feed.cpu_seconds),
         },
-        wall_seconds: reports.iter().map(|r| r.wall_seconds).fold(0.0, f64::max),
+        // The nodes of one job run side by side; the jobs of a resumed sweep one after
+        // another.
+        wall_seconds: {
+            let mut per_job: BTreeMap<Option<String>, f64> = BTreeMap::new();
+            for node in nodes {
+                if let Some(report) = &node.report {
+                    let wall = per_job.entry(node.start.job_id.clone()).or_insert(0.0);
+                    *wall = wall.max(report.wall_seconds);
+                }
+            }
+            per_job.values().sum()
+        },
         cpu_seconds: sum(&|r| r.cpu_seconds),
         cost: Cost {
             cpu_seconds: sum(&|r| r.cost.cpu_seconds),
@@ -403,6 +468,7 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
                         n.dir.display()
                     )
                 }),
+                job: n.start.job_id.clone(),
             })
             .collect(),
     }
@@ -435,6 +501,7 @@ pub(crate) mod tests {
             last_lines: Vec::new(),
             node: None,
             cpu_seconds: None,
+            attempts: Vec::new(),
         }
     }
 
@@ -630,6 +697,68 @@ pub(crate) mod tests {
         let merged = merge(&nodes, Some(&planned(2)));
         assert_eq!(merged.runs[0].state, "succeeded");
         assert_eq!(merged.runs[1].state, "lost");
+    }
+
+    #[test]
+    fn a_resumed_jobs_node_writes_beside_the_first_and_the_merge_lists_each_runs_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = |job: &str, runs: &[&str]| {
+            let at = crate::slurm::node_job_dir(dir.path(), "n2", job);
+            std::fs::create_dir_all(&at).unwrap();
+            let start = NodeStart {
+                node: Some("n2".into()),
+                shard: Shard::new(0, 1).unwrap(),
+                job_id: Some(job.into()),
+                runs: runs.iter().map(|r| (*r).to_owned()).collect(),
+                skipped: Vec::new(),
+            };
+            (at.clone(), Ledger::start(&at, &start).unwrap())
+        };
+        let logged = |name: &str, state: &str, log: &str| RunReport {
+            log: Some(log.into()),
+            ..run(name, state)
+        };
+        let (first_dir, mut first) = start("7", &["run-00", "run-01"]);
+        assert_eq!(first_dir, dir.path().join("node-n2"));
+        let (r0, r1) = (
+            logged("run-00", "succeeded", "/job7/logs/1/0.out"),
+            logged("run-01", "failed", "/job7/logs/2/0.out"),
+        );
+        first.append(&r0);
+        first.append(&r1);
+        first.finish(&report(vec![r0, r1], 100));
+        // The same job requeued keeps its directory; a resumed job (another id) writes beside.
+        assert_eq!(crate::slurm::node_job_dir(dir.path(), "n2", "7"), first_dir);
+        let (second_dir, mut second) = start("9", &["run-01"]);
+        assert_eq!(second_dir, dir.path().join("node-n2.2"));
+        // Its scheduler numbers runs from 1 again: its own logs directory keeps them apart.
+        let r1 = logged("run-01", "succeeded", "/job9/logs/1/0.out");
+        second.append(&r1);
+        second.finish(&report(vec![r1], 50));
+        // The first job's end report is still there.
+        assert!(first_dir.join(REPORT).exists());
+        let nodes = node_dirs(&[dir.path().to_owned()]).unwrap();
+        let merged = merge(&nodes, Some(&planned(2)));
+        assert_eq!(merged.runs[0].state, "succeeded");
+        assert!(merged.runs[0].attempts.is_empty(), "run-00 ran once");
+        let again = &merged.runs[1];
+        assert_eq!(again.state, "succeeded");
+        assert_eq!(again.log.as_deref(), Some(Path::new("/job9/logs/1/0.out")));
+        assert_eq!(again.attempts.len(), 1, "{again:?}");
+        let earlier = &again.attempts[0];
+        assert_eq!(
+            (earlier.job.as_deref(), earlier.state.as_str()),
+            (Some("7"), "failed")
+        );
+        assert_eq!(
+            earlier.log.as_deref(),
+            Some(Path::new("/job7/logs/2/0.out"))
+        );
+        // Both jobs' nodes, counts and times: one job after the other.
+        let jobs: Vec<_> = merged.nodes.iter().map(|n| n.job.as_deref()).collect();
+        assert_eq!(jobs, [Some("7"), Some("9")]);
+        assert_eq!(merged.feed.samples_published, 150);
+        assert_eq!(merged.wall_seconds, 150.0);
     }
 
     #[test]

@@ -36,6 +36,27 @@ pub fn node_dir(sweep: &Path, node: &str) -> PathBuf {
     sweep.join(format!("node-{node}"))
 }
 
+/// The directory node `node` of Slurm job `job_id` writes under the sweep directory: its
+/// ledger, report and the runs' logs. `node-NODE` for the sweep's first job (and for the same
+/// job requeued); a later job (`--resume`, or a script submitted again by hand) writes beside
+/// it, in `node-NODE.2`, `.3`, ..., so that nothing an earlier job wrote is overwritten or
+/// appended to: each job's scheduler numbers its runs from 1 again.
+pub fn node_job_dir(sweep: &Path, node: &str, job_id: &str) -> PathBuf {
+    let first = node_dir(sweep, node);
+    let free = |dir: &Path| {
+        let path = dir.join(crate::ledger::NODE);
+        match std::fs::read_to_string(&path) {
+            Err(_) => true,
+            Ok(text) => serde_json::from_str::<crate::ledger::NodeStart>(&text)
+                .is_ok_and(|start| start.job_id.as_deref() == Some(job_id)),
+        }
+    };
+    std::iter::once(first)
+        .chain((2u32..10_000).map(|k| sweep.join(format!("node-{node}.{k}"))))
+        .find(|dir| free(dir))
+        .unwrap_or_else(|| sweep.join(format!("node-{node}.job-{job_id}")))
+}
+
 /// Where a node of a Slurm sweep records (`--record DIR`): its own recording,
 /// `DIR/node-NODE`, since each node has its own feed, scheduler, GPUs and clock; a requeued
 /// or resumed job's node records beside the earlier one, in `DIR/node-NODE.2`, `.3`, ...

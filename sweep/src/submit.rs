@@ -41,19 +41,40 @@ impl Manifest {
     }
 }
 
-/// The batch script of `manifest`, written into its sweep directory (`sweep.sbatch`, or
-/// `resume-N.sbatch` once N jobs were submitted) with the manifest beside it; returns the
-/// script's path and text.
+/// The batch script of `manifest`, written into its sweep directory with the manifest
+/// beside it; returns the script's path and text. The first job's script is `sweep.sbatch`;
+/// a resumed sweep's (`script.only` narrowed, or jobs already submitted) is the first
+/// `resume-N.sbatch` not written yet, N from the jobs submitted so far, so that a script the
+/// user edited and submitted by hand is never overwritten.
 ///
 /// # Errors
-/// [`SweepError::Io`] naming the file.
+/// [`SweepError::Io`] naming the file; [`SweepError::Edited`] when `sweep.sbatch` exists
+/// with other contents (edited since ladle wrote it) and this is not a resume.
 pub fn write_script(manifest: &Manifest) -> Result<(PathBuf, String), SweepError> {
     let sweep = &manifest.script.sweep;
     let text = slurm::script(&manifest.script);
-    let path = sweep.join(match manifest.jobs.len() {
-        0 => slurm::SCRIPT.to_owned(),
-        n => format!("resume-{n}.sbatch"),
-    });
+    let resume = !manifest.jobs.is_empty() || !manifest.script.only.is_empty();
+    let path = if resume {
+        (manifest.jobs.len().max(1)..)
+            .map(|n| sweep.join(format!("resume-{n}.sbatch")))
+            .find(|p| !p.exists())
+            .unwrap_or_else(|| sweep.join("resume.sbatch"))
+    } else {
+        let path = sweep.join(slurm::SCRIPT);
+        match std::fs::read_to_string(&path) {
+            Ok(old) if old != text => {
+                return Err(SweepError::Edited {
+                    path,
+                    detail: "differs from the script this sweep would write (edited?), and ladle \
+                             does not overwrite it: submit it with `sbatch` (then follow it with \
+                             `ladle sweep --resume` once it ends), or remove it, or choose \
+                             another --out"
+                        .into(),
+                });
+            }
+            _ => path,
+        }
+    };
     std::fs::write(&path, &text).map_err(|source| SweepError::Io {
         what: "writing the batch script",
         path: path.clone(),
@@ -188,6 +209,31 @@ mod tests {
         let (path, _) = write_script(&m).unwrap();
         assert_eq!(path, dir.path().join("resume-1.sbatch"));
         assert_eq!(Manifest::read(dir.path()).unwrap().jobs, ["41"]);
+    }
+
+    #[test]
+    fn a_script_the_user_edited_is_never_overwritten_by_a_resume_or_a_second_submission() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = manifest(dir.path(), 2);
+        let (path, text) = write_script(&m).unwrap();
+        // Written again unchanged: fine (a dry run, then the same sweep submitted).
+        assert_eq!(write_script(&m).unwrap().0, path);
+        // The user edits it (a partition, a time limit) and submits it by hand.
+        let edited = text.replacen("#SBATCH", "#SBATCH --time=01:00:00\n#SBATCH", 1);
+        std::fs::write(&path, &edited).unwrap();
+        let err = write_script(&m).unwrap_err().to_string();
+        assert!(
+            err.contains("sweep.sbatch") && err.contains("does not overwrite"),
+            "{err}"
+        );
+        // Its resume (no job recorded: it went through sbatch by hand) writes beside it.
+        let mut resumed = m.clone();
+        resumed.script.only = vec!["run-01".into()];
+        let (first, _) = write_script(&resumed).unwrap();
+        assert_eq!(first, dir.path().join("resume-1.sbatch"));
+        let (second, _) = write_script(&resumed).unwrap();
+        assert_eq!(second, dir.path().join("resume-2.sbatch"));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), edited);
     }
 
     #[test]

@@ -420,11 +420,28 @@ fn ctrl_c_on_the_submitting_side_leaves_the_job_running_or_with_cancel_on_exit_c
 }
 
 /// Lines of a node's run ledger in the sweep directory.
+/// The ended runs node `node` recorded, in every job of the sweep (`node-NODE`, and beside it
+/// `node-NODE.2`, ... for a resumed sweep's later jobs).
 fn ledger_lines(out: &Path, node: &str) -> Vec<Value> {
-    std::fs::read_to_string(out.join(format!("node-{node}")).join("runs.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name == format!("node-{node}") || name.starts_with(&format!("node-{node}."))
+        })
+        .collect();
+    dirs.sort();
+    dirs.iter()
+        .flat_map(|dir| {
+            std::fs::read_to_string(dir.join("runs.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect::<Vec<Value>>()
+        })
         .collect()
 }
 
@@ -537,9 +554,13 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
         "the lost node's state is gone: was it really lost?"
     );
 
-    // The node comes back; the resume runs only the two lost runs, which now end.
+    // The node comes back; the resume runs only the two lost runs, which now end. The user
+    // had edited the batch script meanwhile: the resume writes its own beside it.
     cluster.set_node_state("n2", "resume", "").unwrap();
     std::fs::write(files.join("epochs-n2"), "1").unwrap();
+    let script = out.join("sweep.sbatch");
+    let edited = std::fs::read_to_string(&script).unwrap() + "# edited by hand\n";
+    std::fs::write(&script, &edited).unwrap();
     let resumed = finish(
         ladle(cluster).args(["sweep", "--resume", out_s, "--json"]),
         "ladle sweep --resume",
@@ -562,6 +583,39 @@ fn a_node_lost_mid_sweep_is_reported_and_the_resume_runs_only_its_runs() {
         runs(&report).iter().all(|r| r["state"] == "succeeded"),
         "{report}"
     );
+    assert_eq!(std::fs::read_to_string(&script).unwrap(), edited);
+    assert!(out.join("resume-1.sbatch").exists());
+    // Each run's log is its own: the resumed job's scheduler numbered its runs from 1 again,
+    // and once wrote run-01's output into run-00's log. A resumed run lists its earlier
+    // attempt, with that attempt's log; the merged report covers both jobs' nodes.
+    let all = runs(&report);
+    let logs: Vec<&str> = all.iter().map(|r| r["log"].as_str().unwrap()).collect();
+    let mut distinct = logs.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "{logs:?}");
+    for (run, log) in all.iter().zip(&logs) {
+        let text = std::fs::read_to_string(log).unwrap();
+        let summaries = text
+            .lines()
+            .filter(|l| l.contains("\"samples_per_s\"") && l.contains("\"epochs\""))
+            .count();
+        assert_eq!(
+            summaries, 1,
+            "{}: {log} holds {summaries} runs' summaries",
+            run["name"]
+        );
+    }
+    for resumed_run in [&all[1], &all[3]] {
+        let attempts = resumed_run["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{resumed_run}");
+        assert_ne!(attempts[0]["state"], "succeeded", "{resumed_run}");
+        assert_ne!(attempts[0]["job"], Value::Null, "{resumed_run}");
+    }
+    let jobs: std::collections::BTreeSet<String> = (report["nodes"].as_array().unwrap().iter())
+        .map(|n| n["job"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(jobs.len(), 2, "{report}");
     // run-00 and run-02 ran once, in the first job.
     let ran: Vec<String> = ["n1", "n2"]
         .iter()

@@ -263,5 +263,6 @@ pub(super) fn run_report(scheduler: &Scheduler, run: &Run, node: Option<&str>) -
         last_lines,
         node: node.map(str::to_owned),
         cpu_seconds: run.cpu_s,
+        attempts: Vec::new(),
     }
 }
