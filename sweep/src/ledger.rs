@@ -323,9 +323,8 @@ pub fn merge(nodes: &[NodeDir], planned: Option<&[PlannedRun]>) -> SweepReport {
                 .for_each(|r| offer((&mut best, &mut per_dir), at, 2, r, &name)),
             None => {
                 for run in &node.start.runs {
-                    if best.get(run).is_some_and(|(rank, _)| *rank == 3) {
-                        continue;
-                    }
+                    // Offered even when another job's attempt succeeded: it stands, and this
+                    // one is listed among its attempts.
                     let ended_here = node.ended.iter().any(|r| &r.name == run);
                     if !ended_here {
                         let lost = RunReport {
@@ -759,6 +758,36 @@ pub(crate) mod tests {
         assert_eq!(jobs, [Some("7"), Some("9")]);
         assert_eq!(merged.feed.samples_published, 150);
         assert_eq!(merged.wall_seconds, 150.0);
+    }
+
+    #[test]
+    fn a_run_lost_with_its_node_and_resumed_lists_the_lost_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = |job: &str| {
+            let at = crate::slurm::node_job_dir(dir.path(), "n2", job);
+            std::fs::create_dir_all(&at).unwrap();
+            let start = NodeStart {
+                node: Some("n2".into()),
+                shard: Shard::new(0, 1).unwrap(),
+                job_id: Some(job.into()),
+                runs: vec!["run-00".into()],
+                skipped: Vec::new(),
+            };
+            Ledger::start(&at, &start).unwrap()
+        };
+        drop(start("7")); // lost: no run ended, no report
+        let mut second = start("9");
+        second.append(&run("run-00", "succeeded"));
+        second.finish(&report(vec![run("run-00", "succeeded")], 5));
+        let merged = merge(
+            &node_dirs(&[dir.path().to_owned()]).unwrap(),
+            Some(&planned(1)),
+        );
+        let run = &merged.runs[0];
+        assert_eq!(run.state, "succeeded");
+        assert_eq!(run.attempts.len(), 1, "{run:?}");
+        assert_eq!(run.attempts[0].state, "lost");
+        assert_eq!(run.attempts[0].job.as_deref(), Some("7"));
     }
 
     #[test]
