@@ -119,8 +119,7 @@ mod tests {
     #[test]
     fn the_default_budgets_are_pils_and_its_worth_of_rgb() {
         assert_eq!(DEFAULT_MAX_PIXELS, 178_956_970);
-        assert!(DEFAULT_MAX_PIXELS * 3 <= DEFAULT_MAX_FILE_BYTES);
-        assert!(DEFAULT_MAX_FILE_BYTES - DEFAULT_MAX_PIXELS * 3 < 16);
+        assert_eq!(DEFAULT_MAX_FILE_BYTES - DEFAULT_MAX_PIXELS * 3, 2);
     }
 
     #[test]
