@@ -64,6 +64,16 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    /// A file the index is built from (a WebDataset shard, a CIFAR batch, a class-name file)
+    /// is not a regular file (a FIFO, a device, a socket): not opened for reading, as a FIFO
+    /// would block for ever and `/dev/zero` never ends.
+    #[error("{path} is {kind}, not a regular file: not read")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
     /// A file that lists class names could not be read.
     #[error("cannot read class names from {path}: {source}")]
     ClassNames {

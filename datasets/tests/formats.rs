@@ -335,6 +335,49 @@ fn a_tar_member_above_the_file_limit_is_refused_from_its_header_before_it_is_rea
     assert!(report.bad_files[0].ends_with("s.tar:b.jpg"));
 }
 
+/// `ladle_datasets::open(path)` on a thread, with a deadline that only a hang reaches.
+fn open_or_hang(path: &Path) -> Result<Box<dyn Dataset>, OpenError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = path.to_owned();
+    std::thread::spawn(move || tx.send(ladle_datasets::open(&path)));
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("opening the dataset hung (a hang guard)")
+}
+
+#[test]
+fn a_fifo_named_like_a_shard_or_a_batch_file_is_an_error_naming_it_not_a_hang() {
+    let wds = generated(Format::WebDataset, 16);
+    let fifo = wds.path().join("shard-999999.tar");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    // A class-name file that never ends is not a file either: left unread.
+    let classes = wds.path().join("classes.txt");
+    let _ = std::fs::remove_file(&classes);
+    std::os::unix::fs::symlink("/dev/zero", &classes).unwrap();
+    // Shards are the regular files named *.tar: the FIFO is not one, and is never opened.
+    let ds = open_or_hang(wds.path()).unwrap();
+    assert_eq!(ds.len(), 16);
+    let cifar = generated(Format::Cifar10, 10);
+    let fifo = cifar.path().join("data_batch_2.bin");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let err = open_or_hang(cifar.path()).unwrap_err();
+    assert!(
+        err.to_string().contains("data_batch_2.bin is a FIFO"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_truncated_shard_loses_only_the_cut_member() {
     let dir = generated(Format::WebDataset, 16);

@@ -438,15 +438,20 @@ fn a_group_restarted_as_a_whole_from_its_ranks_positions_finishes_the_epoch_exac
     fx.serve(&data, SERVE);
     let socket = fx.socket();
     let world = 2;
-    // First incarnation: each rank reads 2 batches of 8 (16 of its 31), saves, and goes.
+    // First incarnation: each rank reads 2 batches of 8 (16 of its 31), saves, and the job
+    // goes as a whole (a preemption): dropped mid-epoch, a rank breaks its group, so no rank
+    // goes before every rank has saved.
+    let saved = std::sync::Barrier::new(world as usize);
     let first: Vec<(Vec<u64>, Vec<u8>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|r| {
-                let socket = &socket;
+                let (socket, saved) = (&socket, &saved);
                 s.spawn(move || {
                     let c = Consumer::connect(socket, config(8, rank("job", r, world, Even::Pad)))
                         .unwrap();
-                    read_part(&c, 2)
+                    let part = read_part(&c, 2);
+                    saved.wait();
+                    part
                 })
             })
             .collect();

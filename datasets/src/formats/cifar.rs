@@ -133,12 +133,8 @@ impl CifarDataset {
         let mut files = Vec::new();
         let mut len = 0;
         for path in paths {
-            let io = |source| OpenError::Io {
-                path: path.clone(),
-                source,
-            };
-            let file = std::fs::File::open(&path).map_err(io)?;
-            let bytes = file.metadata().map_err(io)?.len();
+            let (file, meta) = super::open_index_file(&path)?;
+            let bytes = meta.len();
             if bytes % size != 0 {
                 return Err(OpenError::CifarSize {
                     path,

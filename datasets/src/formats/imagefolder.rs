@@ -47,7 +47,6 @@ use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::dataset::{Dataset, Format, LeftOut, RecordData, check_index};
@@ -240,24 +239,6 @@ fn read_dir(dir: &Path) -> Result<Vec<(OsString, bool)>, OpenError> {
     Ok(entries)
 }
 
-/// What a file that is not a regular one is, for a message.
-fn kind_of(kind: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_dir() {
-        "a directory"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// `name.lower().endswith(IMG_EXTENSIONS)`. ASCII case folding is exact here: the only
 /// non-ASCII characters that Python lower-cases to ASCII are `İ` (to `i` + U+0307, which no
 /// extension ends with) and the Kelvin sign (to `k`, in no extension).
@@ -339,18 +320,15 @@ impl Dataset for ImageFolder {
         // Opened without blocking (a FIFO would wait for a writer for ever), then read only
         // if it is a regular file: a FIFO, a device (a link to /dev/zero never ends) or a
         // socket named like an image is a bad sample that says what it is.
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.file_type().is_file() {
-            return Err(SampleError::NotAFile {
-                location: crate::names::escape_path(path),
-                kind: kind_of(meta.file_type()),
-            });
-        }
+        let (mut file, meta) = match super::open_regular(path).map_err(io)? {
+            Ok(opened) => opened,
+            Err(kind) => {
+                return Err(SampleError::NotAFile {
+                    location: crate::names::escape_path(path),
+                    kind,
+                });
+            }
+        };
         // The size before a byte is read: a 2 GiB sparse file costs nothing to refuse. The
         // read is bounded too, for a file that grows while it is read.
         limits.check_file(|| crate::names::escape_path(path), meta.len())?;

@@ -83,9 +83,84 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Vec<PathBuf>, OpenError> {
     Ok(entries)
 }
 
-/// Reads a class-name file: one name per non-empty line.
+/// Opens `path` for reading without blocking (a FIFO would wait for a writer for ever) and
+/// only if `fstat` says it is a regular file; otherwise `Ok(Err(kind))` says what it is (`a
+/// FIFO`, `a character device`, ...). Every file a dataset reads is opened here.
+pub(crate) fn open_regular(
+    path: &Path,
+) -> std::io::Result<Result<(std::fs::File, std::fs::Metadata), &'static str>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    Ok(if meta.file_type().is_file() {
+        Ok((file, meta))
+    } else {
+        Err(kind_of(meta.file_type()))
+    })
+}
+
+/// What a file that is not a regular file is, for messages.
+fn kind_of(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Opens a file an index is built from (a shard, a batch file): a regular file, or
+/// [`OpenError::NotAFile`].
+pub(crate) fn open_index_file(
+    path: &Path,
+) -> Result<(std::fs::File, std::fs::Metadata), OpenError> {
+    match open_regular(path) {
+        Ok(Ok(opened)) => Ok(opened),
+        Ok(Err(kind)) => Err(OpenError::NotAFile {
+            path: path.into(),
+            kind,
+        }),
+        Err(source) => Err(OpenError::Io {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+/// The most bytes of class names read from a class-name file (ImageNet-21k's are 0.5 MB).
+const MAX_CLASS_NAMES_FILE: u64 = 64 << 20;
+
+/// Reads a class-name file: one name per non-empty line. A file that is not a regular file
+/// (a FIFO, `/dev/zero`) or larger than 64 MiB is refused before it is read.
 pub(crate) fn read_class_names(path: &Path) -> Result<Vec<String>, OpenError> {
-    let text = std::fs::read_to_string(path).map_err(|source| OpenError::ClassNames {
+    let (file, meta) = open_index_file(path)?;
+    let refused = |why: String| OpenError::ClassNames {
+        path: path.into(),
+        source: std::io::Error::other(why),
+    };
+    if meta.len() > MAX_CLASS_NAMES_FILE {
+        return Err(refused(format!(
+            "{} bytes, more than the {MAX_CLASS_NAMES_FILE} a class-name file may have",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_CLASS_NAMES_FILE),
+        &mut text,
+    )
+    .map_err(|source| OpenError::ClassNames {
         path: path.into(),
         source,
     })?;

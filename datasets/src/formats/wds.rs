@@ -90,10 +90,7 @@ impl WebDataset {
         let mut members = Vec::new();
         let mut problems = Vec::new();
         for (shard_no, shard_path) in shard_paths.into_iter().enumerate() {
-            let file = std::fs::File::open(&shard_path).map_err(|source| OpenError::Io {
-                path: shard_path.clone(),
-                source,
-            })?;
+            let (file, _) = super::open_index_file(&shard_path)?;
             index_shard(shard_no, &shard_path, &file, &mut members, &mut problems)?;
             shards.push(Shard {
                 path: shard_path,
