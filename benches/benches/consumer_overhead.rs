@@ -26,7 +26,7 @@ use ladle_consumer::Schema;
 use ladle_consumer::prelude::*;
 use ladle_datasets::pipeline::{SampleMaker, WorkItem};
 use ladle_datasets::{Format, SampleError};
-use ladle_producer::{CustomSource, Producer, ProducerConfig};
+use ladle_producer::{CustomSource, Producer, ProducerConfig, ReadAhead};
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -36,6 +36,9 @@ fn main() {
     let config = ProducerConfig {
         socket: socket.clone(),
         threads: 2,
+        // The ring filled ahead of the consumer, so that no timed call waits for a sample
+        // (since protocol 7 the default read-ahead decodes only four batches ahead).
+        read_ahead: ReadAhead::Ring,
         ..ProducerConfig::default()
     };
     let producer = Producer::start(Arc::from(dataset), config).expect("start the producer");
@@ -54,6 +57,9 @@ fn main() {
     let config = ProducerConfig {
         socket: socket.clone(),
         threads: 2,
+        // The ring filled ahead of the consumer, so that no timed call waits for a sample
+        // (since protocol 7 the default read-ahead decodes only four batches ahead).
+        read_ahead: ReadAhead::Ring,
         ..ProducerConfig::default()
     };
     let source = Arc::new(Clips {

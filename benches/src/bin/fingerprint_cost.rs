@@ -3,15 +3,16 @@
 //! invocation.
 //!
 //! ```text
-//! fingerprint_cost [--files 200000] [--classes 1000] [--rounds 3] [DIR]
+//! fingerprint_cost [--files 200000] [--classes 1000] [--rounds 3] [--cold] [DIR]
 //! ```
 //!
-//! Without `DIR`, builds an ImageFolder of `files` hard links to one JPEG in `classes` class
-//! folders under `$TMPDIR`. Each round times `ladle_datasets::open` (the walk: a `readdir` per
-//! folder, names sorted) and then `Dataset::fingerprint` on the opened dataset; prints one
-//! JSON object per round and the medians. The page cache is warm after the first round (the
-//! first round's walk of a just-built folder is warm too); on a network file system each
-//! `stat` is a round trip, which the fingerprint spreads over up to 8 threads.
+//! Without `DIR`, builds an ImageFolder of `files` small JPEGs, each its own file, in
+//! `classes` class folders under `$TMPDIR`. Each round times `ladle_datasets::open` (the walk: a `readdir` per folder, names
+//! sorted) and then `Dataset::fingerprint` on the opened dataset; prints one JSON object per
+//! round and the medians. With `--cold` (root), the page cache, dentries and inodes are
+//! dropped before each round (`/proc/sys/vm/drop_caches`), as at a node's first start;
+//! otherwise they are warm after the first round. On a network file system each `stat` is a
+//! round trip, which the fingerprint spreads over up to 8 threads.
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -40,7 +41,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     let given = args
         .iter()
         .enumerate()
-        .find(|(i, a)| !a.starts_with("--") && (*i == 0 || !args[i - 1].starts_with("--")))
+        .find(|(i, a)| {
+            !a.starts_with("--")
+                && (*i == 0 || !args[i - 1].starts_with("--") || args[i - 1] == "--cold")
+        })
         .map(|(_, a)| PathBuf::from(a));
     let built = tempfile::tempdir()?;
     let root = match given {
@@ -56,22 +60,26 @@ fn main() -> Result<(), Box<dyn Error>> {
                 90,
                 &mut jpeg,
             )?;
-            std::fs::create_dir_all(&root)?;
-            let one = root.join("one.jpg");
-            std::fs::write(&one, &jpeg)?;
+            // Distinct files (a cold `stat` of a hard link to an inode already read costs
+            // nothing, which would flatter the fingerprint).
             for c in 0..classes {
-                std::fs::create_dir(root.join(format!("n{c:08}")))?;
+                std::fs::create_dir_all(root.join(format!("n{c:08}")))?;
             }
             for i in 0..files {
                 let class = root.join(format!("n{:08}", i % classes));
-                std::fs::hard_link(&one, class.join(format!("img_{i:08}.JPEG")))?;
+                std::fs::write(class.join(format!("img_{i:08}.JPEG")), &jpeg)?;
             }
-            std::fs::remove_file(&one)?;
             root
         }
     };
     let (mut opens, mut prints) = (Vec::new(), Vec::new());
+    let cold = args.iter().any(|a| a == "--cold");
     for round in 0..rounds {
+        if cold {
+            rustix::fs::sync();
+            std::fs::write("/proc/sys/vm/drop_caches", "3")
+                .map_err(|e| format!("--cold needs root (/proc/sys/vm/drop_caches): {e}"))?;
+        }
         let started = Instant::now();
         let dataset = ladle_datasets::open(&root)?;
         let open_s = started.elapsed().as_secs_f64();
@@ -88,7 +96,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let (open, print) = (median(opens), median(prints));
     println!(
-        "{{\"median_open_s\": {open:.4}, \"median_fingerprint_s\": {print:.4}, \"fingerprint_over_open\": {:.3}, \"threads\": {}}}",
+        "{{\"median_open_s\": {open:.4}, \"median_fingerprint_s\": {print:.4}, \"fingerprint_over_open\": {:.3}, \"threads\": {}, \"cold\": {cold}}}",
         print / open,
         std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
     );

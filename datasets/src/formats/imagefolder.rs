@@ -335,12 +335,19 @@ impl Dataset for ImageFolder {
         let size = usize::try_from(meta.len()).unwrap_or(usize::MAX);
         crate::limits::give_back(scratch, size);
         scratch.clear();
-        scratch.reserve(size);
-        (&mut file)
-            .take(limits.max_file_bytes.saturating_add(1))
-            .read_to_end(scratch)
-            .map_err(io)?;
-        limits.check_file(|| crate::names::escape_path(path), scratch.len() as u64)?;
+        scratch.resize(size, 0);
+        file.read_exact(scratch).map_err(io)?;
+        // At its end as `fstat` said, unless it grew meanwhile: then read on, bounded.
+        let mut probe = [0u8; 1];
+        if file.read(&mut probe).map_err(io)? == 1 {
+            scratch.push(probe[0]);
+            let left = limits.max_file_bytes.saturating_sub(scratch.len() as u64);
+            (&mut file)
+                .take(left.saturating_add(1))
+                .read_to_end(scratch)
+                .map_err(io)?;
+            limits.check_file(|| crate::names::escape_path(path), scratch.len() as u64)?;
+        }
         Ok(RecordData::Encoded(scratch))
     }
 
