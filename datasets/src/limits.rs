@@ -23,7 +23,7 @@
 //!
 //! The reused buffers of a decode thread (the file's bytes, the decoder's output, the
 //! augmenter's intermediates) grow to the largest sample seen and used to stay there for the
-//! feed's life: one 1 GB sample left 1 GB per thread. [`fit`] gives such a buffer back when
+//! feed's life: one 1 GB sample left 1 GB per thread. `fit` gives such a buffer back when
 //! the next sample needs a quarter of it or less, above a floor of [`KEEP_BYTES`] that any
 //! ordinary photo stays under, so a steady dataset reuses its buffers and a lone giant's
 //! memory returns to the system at the next sample.
