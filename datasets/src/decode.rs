@@ -179,11 +179,7 @@ impl Decoder {
 fn check_size(width: u32, height: u32, max_pixels: u64) -> Result<(), DecodeError> {
     let (width, height) = (u64::from(width), u64::from(height));
     check_side(width, height)?;
-    SampleLimits {
-        max_pixels,
-        ..SampleLimits::default()
-    }
-    .check_pixels(width, height)
+    crate::limits::check_pixels(width, height, max_pixels)
 }
 
 fn check_side(width: u64, height: u64) -> Result<(), DecodeError> {

@@ -81,16 +81,17 @@ impl SampleLimits {
 
     /// Refuses an image of `width × height` above [`Self::max_pixels`] (or a side of 0).
     pub fn check_pixels(&self, width: u64, height: u64) -> Result<(), DecodeError> {
-        let pixels = width.saturating_mul(height);
-        if pixels == 0 || pixels > self.max_pixels {
-            return Err(DecodeError::TooManyPixels {
-                width,
-                height,
-                max: self.max_pixels,
-            });
-        }
-        Ok(())
+        check_pixels(width, height, self.max_pixels)
     }
+}
+
+/// [`SampleLimits::check_pixels`] against a budget of `max` pixels.
+pub(crate) fn check_pixels(width: u64, height: u64, max: u64) -> Result<(), DecodeError> {
+    let pixels = width.saturating_mul(height);
+    if pixels == 0 || pixels > max {
+        return Err(DecodeError::TooManyPixels { width, height, max });
+    }
+    Ok(())
 }
 
 /// `buf` holding at least `len` bytes, grown if needed; a buffer that one earlier sample made

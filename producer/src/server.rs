@@ -367,7 +367,7 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
 
 /// How long a rank's `Hello` waits for the producer to read the end of the rank's old
 /// incarnation, once that one has hung up.
-const RESTART_PATIENCE: Duration = Duration::from_secs(2);
+const RESTART_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Holds a rank's `Welcome` until every rank of its group has said `Hello`: tells it
 /// `GroupWaiting` (again whenever the list of ranks changes), and at its deadline (its
@@ -388,7 +388,8 @@ fn wait_for_group(
         // A rank restarted at once (`torchrun --max-restarts`) can say `Hello` before this
         // producer has read its old incarnation's end. If that one has hung up, its
         // connection thread is about to read the end (a `Leave`, or none: then the group
-        // broke); wait for it, briefly, rather than refuse the rank as "already running".
+        // broke); wait for it (the wait ends as soon as that end is read) rather than refuse
+        // the rank as "already running".
         let patience = Instant::now() + RESTART_PATIENCE;
         let mut state = shared.lock();
         loop {

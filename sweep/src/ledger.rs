@@ -546,6 +546,20 @@ pub(crate) mod tests {
         .unwrap()
     }
 
+    /// Node `n2` of Slurm job `job` starting `runs`, in the directory that job writes.
+    fn job_node(sweep: &Path, job: &str, runs: &[&str]) -> (PathBuf, Ledger) {
+        let at = crate::slurm::node_job_dir(sweep, "n2", job);
+        std::fs::create_dir_all(&at).unwrap();
+        let start = NodeStart {
+            node: Some("n2".into()),
+            shard: Shard::new(0, 1).unwrap(),
+            job_id: Some(job.into()),
+            runs: runs.iter().map(|r| (*r).to_owned()).collect(),
+            skipped: Vec::new(),
+        };
+        (at.clone(), Ledger::start(&at, &start).unwrap())
+    }
+
     fn planned(n: usize) -> Vec<PlannedRun> {
         (0..n)
             .map(|k| PlannedRun {
@@ -701,18 +715,7 @@ pub(crate) mod tests {
     #[test]
     fn a_resumed_jobs_node_writes_beside_the_first_and_the_merge_lists_each_runs_attempts() {
         let dir = tempfile::tempdir().unwrap();
-        let start = |job: &str, runs: &[&str]| {
-            let at = crate::slurm::node_job_dir(dir.path(), "n2", job);
-            std::fs::create_dir_all(&at).unwrap();
-            let start = NodeStart {
-                node: Some("n2".into()),
-                shard: Shard::new(0, 1).unwrap(),
-                job_id: Some(job.into()),
-                runs: runs.iter().map(|r| (*r).to_owned()).collect(),
-                skipped: Vec::new(),
-            };
-            (at.clone(), Ledger::start(&at, &start).unwrap())
-        };
+        let start = |job: &str, runs: &[&str]| job_node(dir.path(), job, runs);
         let logged = |name: &str, state: &str, log: &str| RunReport {
             log: Some(log.into()),
             ..run(name, state)
@@ -763,18 +766,7 @@ pub(crate) mod tests {
     #[test]
     fn a_run_lost_with_its_node_and_resumed_lists_the_lost_attempt() {
         let dir = tempfile::tempdir().unwrap();
-        let start = |job: &str| {
-            let at = crate::slurm::node_job_dir(dir.path(), "n2", job);
-            std::fs::create_dir_all(&at).unwrap();
-            let start = NodeStart {
-                node: Some("n2".into()),
-                shard: Shard::new(0, 1).unwrap(),
-                job_id: Some(job.into()),
-                runs: vec!["run-00".into()],
-                skipped: Vec::new(),
-            };
-            Ledger::start(&at, &start).unwrap()
-        };
+        let start = |job: &str| job_node(dir.path(), job, &["run-00"]).1;
         drop(start("7")); // lost: no run ended, no report
         let mut second = start("9");
         second.append(&run("run-00", "succeeded"));

@@ -637,3 +637,106 @@ fn a_position_resumes_on_the_same_data_anywhere_and_is_refused_on_other_data_at_
         "{err}"
     );
 }
+
+// How a rank of a group ends: dropped in the middle of an epoch (what an exception,
+// `sys.exit` or Ctrl-C does to a Python training loop) it breaks its group; dropped at an
+// epoch's end, or after `close()`, it leaves cleanly; restarted at once after its old
+// incarnation went, it is admitted, never refused as "already running".
+
+/// Both ranks of a group of two, connected at once (each waits for the other).
+fn pair(socket: &std::path::Path) -> (Consumer, Consumer) {
+    let ranked = |r| config(5, rank("job", r, 2, Even::Pad));
+    let other = {
+        let (socket, config) = (socket.to_owned(), ranked(1));
+        std::thread::spawn(move || Consumer::connect(&socket, config).unwrap())
+    };
+    let first = Consumer::connect(socket, ranked(0)).unwrap();
+    (first, other.join().unwrap())
+}
+
+/// Reads the rest of `consumer`'s current epoch (or a new one); the first error, if any.
+fn finish_epoch(consumer: &Consumer) -> Option<ConsumerError> {
+    for batch in consumer.epoch() {
+        if let Err(e) = batch {
+            return Some(e);
+        }
+    }
+    None
+}
+
+/// Waits until the producer has read the end of `leaves` consumers in all (it tells a
+/// broken group's other ranks before it counts the leave).
+fn wait_for_leaves(fx: &Fixture, leaves: u64) {
+    fx.wait_for_stats("the rank's end read by the producer", |s| {
+        s.leaves >= leaves
+    });
+}
+
+#[test]
+fn a_rank_dropped_mid_epoch_breaks_its_group_and_one_that_ends_or_closes_does_not() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(40, 24, 20);
+    fx.serve(&data, SERVE);
+    let socket = fx.socket();
+
+    // Dropped mid-epoch, as an exception unwinding a training loop drops it.
+    let (survivor, dropped) = pair(&socket);
+    drop(dropped.epoch().next().unwrap().unwrap());
+    drop(dropped);
+    wait_for_leaves(&fx, 1);
+    let error = (0..3).find_map(|_| finish_epoch(&survivor));
+    match error {
+        Some(ConsumerError::GroupBroken { rank: 1, group, .. }) => assert_eq!(group, "job"),
+        other => panic!("expected GroupBroken from rank 1, got {other:?}"),
+    }
+    drop(survivor);
+    wait_for_leaves(&fx, 2);
+
+    // Dropped at the end of an epoch: done, not broken; the other reads on.
+    let (survivor, ended) = pair(&socket);
+    assert!(finish_epoch(&ended).is_none());
+    drop(ended);
+    wait_for_leaves(&fx, 3);
+    for epoch in 0..2 {
+        let error = finish_epoch(&survivor);
+        assert!(error.is_none(), "epoch {epoch}: {error:?}");
+    }
+    drop(survivor);
+    wait_for_leaves(&fx, 4);
+
+    // Closed mid-epoch on purpose: done, not broken.
+    let (survivor, closed) = pair(&socket);
+    drop(closed.epoch().next().unwrap().unwrap());
+    closed.close();
+    drop(closed);
+    wait_for_leaves(&fx, 5);
+    for epoch in 0..2 {
+        let error = finish_epoch(&survivor);
+        assert!(error.is_none(), "epoch {epoch}: {error:?}");
+    }
+}
+
+#[test]
+fn a_rank_restarted_at_once_after_its_old_incarnation_went_is_admitted_every_time() {
+    let mut fx = Fixture::new();
+    let data = fx.dataset(400, 160, 120);
+    fx.serve(&data, SERVE);
+    let socket = fx.socket();
+    // Each incarnation hangs up mid-epoch and the next says Hello at once, in eight jobs at
+    // the same time beside a feed decoding flat out: the producer has often not read the old
+    // one's end when the new one's Hello comes, and refused it as "already running" (1 in
+    // 20 restarts with torchrun's `--max-restarts`).
+    std::thread::scope(|scope| {
+        for job in 0..8 {
+            let socket = &socket;
+            scope.spawn(move || {
+                for incarnation in 0..20 {
+                    let config = config(5, rank(&format!("job{job}"), 0, 1, Even::Pad));
+                    let consumer = Consumer::connect(socket, config)
+                        .unwrap_or_else(|e| panic!("job {job}, incarnation {incarnation}: {e}"));
+                    drop(consumer.epoch().next().unwrap().unwrap());
+                }
+            });
+        }
+    });
+}

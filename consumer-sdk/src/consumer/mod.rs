@@ -707,10 +707,18 @@ impl Consumer {
         if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Err(e) = protocol::send(&sock, &ClientMessage::Leave, &[]) {
-            tracing::debug!(consumer_id = self.consumer_id, "sending Leave failed: {e}");
-        }
+        send_leave(
+            &self.sock.lock().unwrap_or_else(PoisonError::into_inner),
+            self.consumer_id,
+        );
+    }
+}
+
+/// Says `Leave`, best effort: closing the socket, which follows, is a leave as well (except
+/// for a rank of a group).
+fn send_leave(sock: &UnixStream, consumer_id: u64) {
+    if let Err(e) = protocol::send(sock, &ClientMessage::Leave, &[]) {
+        tracing::debug!(consumer_id, "sending Leave failed: {e}");
     }
 }
 
@@ -738,10 +746,10 @@ impl Drop for Consumer {
             );
             return;
         }
-        let sock = self.sock.get_mut().unwrap_or_else(PoisonError::into_inner);
-        // Best effort: closing the socket, which follows, is a leave as well.
-        if let Err(e) = protocol::send(sock, &ClientMessage::Leave, &[]) {
-            tracing::debug!(consumer_id = self.consumer_id, "sending Leave failed: {e}");
-        }
+        let id = self.consumer_id;
+        send_leave(
+            self.sock.get_mut().unwrap_or_else(PoisonError::into_inner),
+            id,
+        );
     }
 }
