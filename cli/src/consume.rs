@@ -48,6 +48,12 @@ pub(crate) struct ConsumeArgs {
     /// `prev = batch` does (two batches held at a time).
     #[arg(long)]
     hold_previous: bool,
+    /// Keep each epoch's first batch until the epoch ends, as a loop that keeps an example
+    /// batch for logging does. It stops gating the feed once this consumer skims; if the feed
+    /// then overwrites it, it counts in `overwritten_batches` (and `--check-held` checks that
+    /// it said so).
+    #[arg(long)]
+    keep_first: bool,
     /// Hash every batch when it arrives and again just before it is dropped, and count
     /// batches whose contents changed while held although the producer had not let this
     /// consumer go (`corrupted_batches` in the summary; must be 0). Costs a pass over each
@@ -220,7 +226,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut total_samples = 0u64;
     let mut total_bad = 0u64;
-    // Batches the producer overwrote while this consumer held them (after a let-go).
+    // Batches the producer overwrote while this consumer held them (after a let-go, or kept
+    // while it skims).
     let mut overwritten = 0u64;
     // Batches whose contents changed while held without a let-go: a broken ring.
     let mut corrupted = 0u64;
@@ -246,6 +253,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let mut batches = 0u64;
         let mut bad = 0u64;
         let mut previous: Option<(Batch<'_>, u64)> = None;
+        let mut kept: Option<(Batch<'_>, u64)> = None;
         let mut cut_short = false;
         let mut check = |batch: &Batch<'_>, received: u64| {
             if args.check_held && digest(batch) != received && batch.is_intact() {
@@ -268,10 +276,13 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             if !step.is_zero() {
                 std::thread::sleep(step);
             }
-            if !batch.is_intact() {
+            let keep = args.keep_first && kept.is_none();
+            if !batch.is_intact() && !keep {
                 overwritten += 1;
             }
-            if args.hold_previous {
+            if keep {
+                kept = Some((batch, received));
+            } else if args.hold_previous {
                 if let Some((old, received)) = previous.replace((batch, received)) {
                     check(&old, received);
                 }
@@ -286,6 +297,10 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         }
         if let Some((old, received)) = previous.take() {
             check(&old, received);
+        }
+        if let Some((first, received)) = kept.take() {
+            check(&first, received);
+            overwritten += u64::from(!first.is_intact());
         }
         total_bad += bad;
         let elapsed = epoch_started.elapsed();

@@ -291,6 +291,23 @@ pub enum ConsumerError {
         /// more of them.
         max: usize,
     },
+    /// A batch kept while later ones were read (an example kept for logging, say) is as far
+    /// behind the next batch as the ring is long: the producer can write no further until it
+    /// is dropped, so the next batch would never come. Not final: drop the old batch (or keep
+    /// a copy of what it is kept for) and ask again.
+    #[error(
+        "the batch held since sample {oldest} is a whole ring ({capacity} samples) behind the \
+         next batch, which ends at sample {next}: the producer cannot write it until that batch \
+         is dropped; drop it (keep a copy of what you keep it for) before asking for the next"
+    )]
+    OldBatchHeld {
+        /// The sequence number of the oldest batch held.
+        oldest: u64,
+        /// Where the next batch would end.
+        next: u64,
+        /// The ring's capacity in samples.
+        capacity: u64,
+    },
     /// Epoch `epoch` would run past sequence number 2^64: the feed cannot carry it whole, so
     /// it is an error rather than a short epoch.
     #[error(
@@ -317,7 +334,10 @@ pub enum ConsumerError {
 impl ConsumerError {
     /// Whether this error is final: the consumer will deliver no more batches.
     pub fn is_final(&self) -> bool {
-        !matches!(self, Self::TooManyBatchesHeld { .. })
+        !matches!(
+            self,
+            Self::TooManyBatchesHeld { .. } | Self::OldBatchHeld { .. }
+        )
     }
 }
 

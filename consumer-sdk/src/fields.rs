@@ -7,7 +7,7 @@ use ladle_ring::{DType, Field};
 /// An element type a field can be viewed as: [`BatchOf::field`](crate::BatchOf::field)
 /// checks it against the field's dtype. `f16`, `bf16` and `bool` fields have no Rust type
 /// here: read their bytes with [`BatchOf::field_view`](crate::BatchOf::field_view).
-pub trait Element: Copy + sealed::Sealed + 'static {
+pub trait Element: bytemuck::Pod + sealed::Sealed {
     /// The dtype a field must have to be viewed as `Self`.
     const DTYPE: DType;
 }
@@ -31,10 +31,7 @@ element!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, i32 => I32, i64 => I64, f32
 /// number of them (never for ring regions and owned copies, which are 8-byte aligned and
 /// hold whole samples).
 pub(crate) fn cast<T: Element>(bytes: &[u8]) -> Option<&[T]> {
-    // SAFETY: every `Element` is a primitive number, valid at any bit pattern; `align_to`
-    // puts only whole, aligned elements in the middle part.
-    let (head, middle, tail) = unsafe { bytes.align_to::<T>() };
-    (head.is_empty() && tail.is_empty()).then_some(middle)
+    bytemuck::try_cast_slice(bytes).ok()
 }
 
 /// A field of a batch, untyped: its name, dtype, shape (`[B, ...]`) and bytes.
@@ -91,23 +88,14 @@ impl AlignedBytes {
     }
 
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        // SAFETY: `len <= words.len() × 8` (kept by `extend`/`truncate`); any u64 is valid
-        // as bytes.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+        // `len <= words.len() × 8`, kept by `extend` and `truncate`.
+        &bytemuck::cast_slice(&self.words)[..self.len]
     }
 
     pub(crate) fn extend(&mut self, bytes: &[u8]) {
         let len = self.len + bytes.len();
         self.words.resize(len.div_ceil(8), 0);
-        // SAFETY: the words now cover `len` bytes; the ranges do not overlap (`bytes` is not
-        // ours: `&mut self`).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.words.as_mut_ptr().cast::<u8>().add(self.len),
-                bytes.len(),
-            );
-        }
+        bytemuck::cast_slice_mut(&mut self.words)[self.len..len].copy_from_slice(bytes);
         self.len = len;
     }
 

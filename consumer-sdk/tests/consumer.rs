@@ -268,6 +268,38 @@ fn held_batches_that_fill_the_ring_are_an_error_not_a_deadlock() {
 }
 
 #[test]
+fn a_batch_kept_a_whole_ring_behind_is_an_error_that_names_it_not_a_deadlock() {
+    let producer = TestProducer::start(Behaviour::serve(10_000, 0));
+    let consumer = Consumer::connect(producer.socket(), config(8)).unwrap();
+    let mut epoch = consumer.epoch();
+    // An example batch kept for logging while the loop reads on, one batch at a time.
+    let kept = epoch.next().unwrap().unwrap();
+    let mut read = 8;
+    let err = loop {
+        match epoch.next().unwrap() {
+            Ok(batch) => read += batch.len() as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(read, CAPACITY, "it read up to a ring past the kept batch");
+    assert!(
+        matches!(err, ConsumerError::OldBatchHeld { oldest: 0, next, capacity: CAPACITY } if next == CAPACITY + 8),
+        "{err}"
+    );
+    assert!(!err.is_final());
+    assert_eq!(
+        consumer.held_batches(),
+        1,
+        "one batch held, not the two it said before"
+    );
+    assert!(err.to_string().contains("sample 0"), "{err}");
+    drop(kept);
+    let next = epoch.next().unwrap().unwrap();
+    assert_eq!(next.first_seq(), CAPACITY, "an error must not skip samples");
+    assert_consistent(&next, 10_000);
+}
+
+#[test]
 fn a_producer_that_hangs_up_is_reported_as_gone_not_waited_for() {
     let producer = TestProducer::start(Behaviour::Serve {
         len: 100,

@@ -390,8 +390,9 @@ impl Shared {
         );
     }
 
-    /// Consumer `id`, asked to skim, holds no batch of the ring any more: its cursor stops
-    /// gating the feed (and its cut point dissolves), it copies what it needs as it passes.
+    /// Consumer `id`, asked to skim, said `Skim`: its cursor stops gating the feed (and its
+    /// cut point dissolves), it copies what it needs as it passes. Batches of the ring it
+    /// still holds stop gating too: the feed may overwrite them (they say so).
     pub(crate) fn skim(&self, id: u64) -> Result<(), String> {
         let mut guard = self.lock();
         let state = &mut *guard;

@@ -100,8 +100,9 @@ create_exception!(
     ladle,
     TooManyBatchesHeld,
     LadleError,
-    "More batches are held at once than max_batches_held allows (or than the ring holds): \
-     drop (del) older batches and the arrays made from them, or raise max_batches_held."
+    "More batches are held at once than max_batches_held allows (or than the ring holds), or \
+     one batch was kept while a whole ring of later ones was read: drop (del) older batches \
+     and the arrays made from them (copy what you keep), or raise max_batches_held."
 );
 
 /// How long one GIL-free wait lasts before signals (Ctrl-C) are checked.
@@ -126,7 +127,9 @@ fn consumer_error(error: ConsumerError) -> PyErr {
         ConsumerError::ProducerGone { .. } => ProducerGone::new_err(message),
         ConsumerError::ProducerEnded { .. } => ProducerEnded::new_err(message),
         ConsumerError::Detached { .. } => Detached::new_err(message),
-        ConsumerError::TooManyBatchesHeld { .. } => TooManyBatchesHeld::new_err(message),
+        ConsumerError::TooManyBatchesHeld { .. } | ConsumerError::OldBatchHeld { .. } => {
+            TooManyBatchesHeld::new_err(message)
+        }
         ConsumerError::GroupBroken { .. } => GroupBroken::new_err(message),
         _ => LadleError::new_err(message),
     }
@@ -583,7 +586,9 @@ impl PyBatch {
 
     /// False if the producer may have overwritten this batch: it let this consumer go after
     /// it held the feed back without taking a batch for the stall timeout (a long pause
-    /// while holding the batch). Check it after reading a batch held across a long pause.
+    /// while holding the batch), or the consumer skims (it held the others back) and the feed
+    /// has since gone a ring past this batch. Check it after reading a batch held across a
+    /// long pause, or kept while later batches were read.
     #[getter]
     fn intact(&self) -> bool {
         self.batch.is_intact()

@@ -51,6 +51,6 @@ pub use layout::{FLAG_BAD, RingLayout};
 pub use protocol::PROTOCOL_VERSION;
 pub use schema::{DType, Field, Schema, SchemaError};
 #[cfg(not(loom))]
-pub use shm::{ConsumerRing, CursorPage, LetGo, ProducerRing, SlotMut};
+pub use shm::{ConsumerRing, CursorPage, LetGo, ProducerRing, ReadLoan, SlotMut};
 #[cfg(not(loom))]
 pub use writer::{AttachError, Gate, Readers, Violation, WriteLoan};

@@ -347,53 +347,6 @@ impl ConsumerRing {
         wake_core::wait_for_head(cursor.wake_words(), &OsFutex, target, ready, timeout);
     }
 
-    /// `count` samples of field `k` from sequence `start`, as one contiguous
-    /// `[count, ...shape]` byte slice.
-    ///
-    /// # Safety
-    /// `start..start + count` must be published (below the head) and not released by this
-    /// consumer (at or above its cursor), so the producer cannot be writing them; and
-    /// `count <= capacity`.
-    ///
-    /// # Panics
-    /// If `k` is not a field of the schema.
-    pub unsafe fn field(&self, k: usize, start: u64, count: usize) -> &[u8] {
-        let bytes = self.layout.schema.fields()[k].bytes();
-        let slot = (start % self.layout.capacity) as usize;
-        // SAFETY: slot + count <= 2 × capacity, inside the double mapping; no concurrent
-        // writer by the caller's contract.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.regions.fields[k].as_ptr().add(slot * bytes),
-                count * bytes,
-            )
-        }
-    }
-
-    /// `count` dataset indices from sequence `start`.
-    ///
-    /// # Safety
-    /// As for [`ConsumerRing::field`].
-    pub unsafe fn indices(&self, start: u64, count: usize) -> &[u64] {
-        // SAFETY: as in `field`; the region is page-aligned, so 8-byte aligned.
-        unsafe { Self::words(&self.regions.indices, self.layout.capacity, start, count) }
-    }
-
-    /// `count` flags words ([`FLAG_BAD`](crate::layout::FLAG_BAD)) from sequence `start`.
-    ///
-    /// # Safety
-    /// As for [`ConsumerRing::field`].
-    pub unsafe fn flags(&self, start: u64, count: usize) -> &[u64] {
-        // SAFETY: as in `indices`.
-        unsafe { Self::words(&self.regions.flags, self.layout.capacity, start, count) }
-    }
-
-    unsafe fn words(map: &Mapping, capacity: u64, start: u64, count: usize) -> &[u64] {
-        let slot = (start % capacity) as usize;
-        // SAFETY: the callers' contracts.
-        unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<u64>().add(slot), count) }
-    }
-
     /// The start and length of field `k`'s mapping (both halves of the double mapping), for
     /// registering it with CUDA, say. Page-aligned, read-only.
     ///
@@ -628,6 +581,9 @@ pub fn size_sealed(fd: BorrowedFd<'_>) -> bool {
 /// the feed back. What it held may have been overwritten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LetGo;
+
+mod read_loan;
+pub use read_loan::ReadLoan;
 
 #[cfg(test)]
 mod tests;

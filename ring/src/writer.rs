@@ -471,9 +471,12 @@ mod tests {
         drop(loans); // dropped uncommitted: published as bad samples
         assert_eq!(ring.head(), 512);
         let view = ConsumerRing::map(ring.fd(), ring.layout().clone()).unwrap();
-        // SAFETY: published, and nothing writes in this test any more.
-        let (images, labels, flags) =
-            unsafe { (view.field(0, 2, 3), view.field(1, 2, 3), view.flags(0, 3)) };
+        let (tail, head) = (view.read_loan(2, 3).unwrap(), view.read_loan(0, 3).unwrap());
+        let (images, labels, flags) = (
+            view.field(&tail, 0),
+            view.field(&tail, 1),
+            view.flags(&head),
+        );
         assert!(images.iter().all(|&b| b == 0));
         assert!(labels.chunks(8).all(|l| l == (-1i64).to_ne_bytes()));
         assert_eq!(flags, &[0, 0, FLAG_BAD], "committed, committed, dropped");

@@ -335,3 +335,57 @@ fn a_skimmer_that_speeds_up_paces_the_feed_again_and_every_epoch_stays_exact() {
     fx.signal(fast, 9);
     fx.wait(fast, GUARD);
 }
+
+#[test]
+fn a_consumer_that_keeps_a_batch_skims_past_it_and_the_fast_one_is_not_held_back() {
+    let mut fx = Fixture::new();
+    // A stall timeout longer than the test: only skimming can free the feed.
+    small_ring_feed(&mut fx, "skim", &["--stall-timeout", "600"]);
+    // Keeps each epoch's first batch (an example for logging) while it reads on at 20
+    // samples/s (ten seconds an epoch), and checks that no batch changed while it said it was
+    // intact.
+    let holder = fx.consume(
+        4,
+        2,
+        &[
+            "--name",
+            "holder",
+            "--step-ms",
+            "200",
+            "--keep-first",
+            "--check-held",
+        ],
+    );
+    // Its first batch is a view of the ring, kept before anyone else reads.
+    fx.wait_for_stats("the holder took its first batch", |s| {
+        named(s, "holder").is_some_and(|c| c.released > 0)
+    });
+    let fast = fx.consume(8, 100_000, &["--name", "fast"]);
+    let stats = fx.wait_for_stats("the holder skims, keeping its batch", |s| {
+        named(s, "holder").is_some_and(|c| c.skimming && !c.attached)
+    });
+    let before = named(&stats, "fast").map_or(0, |c| c.released);
+    // Past the batch the holder keeps, several times round the ring.
+    let stats = fx.wait_for_stats("the fast consumer reads five rings on", |s| {
+        named(s, "fast").is_some_and(|c| c.released >= before + 5 * s.capacity)
+    });
+    assert_eq!(stats.let_gos, 0, "freed by skimming, not by a let-go");
+    // ... while the holder still keeps its first epoch's batch: it had not read that epoch.
+    let kept_for = named(&stats, "holder").unwrap().released;
+    assert!(kept_for < 200, "the holder had read {kept_for} samples");
+    let done = fx.wait(holder, GUARD);
+    done.assert_exact(2, "the holder");
+    let summary = done.json_lines().pop().unwrap();
+    assert_eq!(
+        summary["corrupted_batches"], 0,
+        "changed while said intact: {summary}"
+    );
+    assert!(
+        summary["overwritten_batches"].as_u64().unwrap() >= 1,
+        "the kept batch was overwritten and said so: {summary}"
+    );
+    assert_eq!(summary["rejoins"], 0, "{summary}");
+    fx.signal(fast, 9);
+    let fast_done = fx.wait(fast, GUARD);
+    exact_epochs_so_far(&fast_done, "the fast consumer");
+}

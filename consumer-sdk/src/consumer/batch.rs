@@ -177,7 +177,7 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                             len: owned.len(),
                             epoch: self.number,
                             generation: 0,
-                            owned: Some(Box::new(owned)),
+                            samples: Samples::Copy(Box::new(owned)),
                         }));
                     }
                     // The catch-up is over; the plain path says what comes next.
@@ -198,7 +198,7 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                 return Some(Err(e));
             }
             match consumer.deliver(first, count, generation, self.number) {
-                Ok(Delivery::Delivered) => {
+                Ok(Delivery::Delivered(loan)) => {
                     return Some(Ok(BatchOf {
                         consumer: self.consumer.clone(),
                         first_seq: first,
@@ -206,7 +206,7 @@ impl<C: Deref<Target = Consumer> + Clone> Iterator for EpochOf<C> {
                         len: count as usize,
                         epoch: self.number,
                         generation: generation.0,
-                        owned: None,
+                        samples: Samples::Ring(loan),
                     }));
                 }
                 Ok(Delivery::Void) => continue,
@@ -234,9 +234,16 @@ pub struct BatchOf<C: Deref<Target = Consumer>> {
     epoch: u64,
     /// The consumer's rejoin count when the batch was handed out.
     generation: u64,
-    /// The samples, copied, for a batch gathered after a rejoin; `None` for a view of the
-    /// ring.
-    owned: Option<Box<Owned>>,
+    samples: Samples,
+}
+
+/// Where a batch's samples are.
+#[derive(Debug)]
+enum Samples {
+    /// In the ring, read in place through this loan.
+    Ring(ReadLoan),
+    /// Copied: a batch gathered after a rejoin, or skimmed.
+    Copy(Box<Owned>),
 }
 
 /// A batch borrowing its consumer, from an [`Epoch`].
@@ -247,15 +254,11 @@ pub type SharedBatch = BatchOf<Arc<Consumer>>;
 impl<C: Deref<Target = Consumer>> BatchOf<C> {
     /// The bytes of field `k`, `B × ` its bytes per sample.
     fn field_bytes(&self, k: usize) -> &[u8] {
-        if let Some(owned) = &self.owned {
-            return owned.fields[k].as_bytes();
+        match &self.samples {
+            Samples::Copy(owned) => owned.fields[k].as_bytes(),
+            // What a view of the ring promises, and when it stops: `ladle_ring::ReadLoan`.
+            Samples::Ring(loan) => self.consumer.ring.field(loan, k),
         }
-        // SAFETY: `first_seq..first_seq + len` is below the head (`wait_for` returned before
-        // this batch was made) and at or above the cursor (this batch is held, and the cursor
-        // never passes the oldest held batch), so the producer cannot write these slots while
-        // `self` lives; `len <= capacity / 2`. The mapping lives as long as the consumer,
-        // which `self` keeps alive.
-        unsafe { self.consumer.ring.field(k, self.first_seq, self.len) }
     }
 
     /// Every field of the batch, in schema order.
@@ -313,21 +316,19 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
 
     /// The dataset index of each sample, `[B]`.
     pub fn indices(&self) -> &[u64] {
-        if let Some(owned) = &self.owned {
-            return &owned.indices;
+        match &self.samples {
+            Samples::Copy(owned) => &owned.indices,
+            Samples::Ring(loan) => self.consumer.ring.indices(loan),
         }
-        // SAFETY: as in `field_bytes`.
-        unsafe { self.consumer.ring.indices(self.first_seq, self.len) }
     }
 
     /// Each sample's flags word, `[B]` ([`ladle_ring::FLAG_BAD`]: the producer could not
     /// make it).
     pub fn flags(&self) -> &[u64] {
-        if let Some(owned) = &self.owned {
-            return &owned.flags;
+        match &self.samples {
+            Samples::Copy(owned) => &owned.flags,
+            Samples::Ring(loan) => self.consumer.ring.flags(loan),
         }
-        // SAFETY: as in `field_bytes`.
-        unsafe { self.consumer.ring.flags(self.first_seq, self.len) }
     }
 
     /// Samples in this batch (the batch size, or fewer for an epoch's last batch).
@@ -344,21 +345,30 @@ impl<C: Deref<Target = Consumer>> BatchOf<C> {
     }
 
     /// Whether the batch still holds what it was handed out with. A batch is a view of the
-    /// shared ring; the producer never overwrites it while this consumer keeps taking
-    /// batches, but once the consumer holds the feed back for the stall timeout without
-    /// taking one (a paused or stopped run), the producer lets it go and may overwrite the
-    /// batches it holds. Check this *after* reading a batch that was held across a long
-    /// pause: `false` means the data read may be mixed with later samples. Batches gathered
-    /// after a rejoin are copies and always intact.
+    /// shared ring, and the producer never overwrites it while this consumer paces the feed.
+    /// Two things end that, and the batches held then may be overwritten: the consumer held
+    /// the feed back for the stall timeout without taking a batch (a paused or stopped run:
+    /// the producer lets it go), or it held the others back and now skims (it reads on from
+    /// the batch after those it holds, which no longer gate the feed). Check this *after*
+    /// reading a batch held across a long pause or kept while later batches were read:
+    /// `false` means the data read may be mixed with later samples. Conservative: once let
+    /// go or rejoined it says `false` whether or not the slots were written again. Copies
+    /// (batches gathered after a rejoin, or skimmed) are always intact.
     pub fn is_intact(&self) -> bool {
-        self.owned.is_some()
-            || (self.generation == self.consumer.state().generation
-                && !self.consumer.cursor.is_let_go())
+        match &self.samples {
+            Samples::Copy(_) => true,
+            Samples::Ring(loan) => {
+                self.generation == self.consumer.state().generation
+                    && !self.consumer.cursor.is_let_go()
+                    && self.consumer.ring.is_intact(loan)
+            }
+        }
     }
 
-    /// Whether the batch is a copy (gathered after a rejoin) rather than a view of the ring.
+    /// Whether the batch is a copy (gathered after a rejoin, or skimmed) rather than a view
+    /// of the ring.
     pub fn is_copy(&self) -> bool {
-        self.owned.is_some()
+        matches!(self.samples, Samples::Copy(_))
     }
 
     /// Always false: a batch holds at least one sample.
@@ -401,7 +411,7 @@ impl<C: Deref<Target = Consumer>> fmt::Debug for BatchOf<C> {
 
 impl<C: Deref<Target = Consumer>> Drop for BatchOf<C> {
     fn drop(&mut self) {
-        if self.owned.is_none() {
+        if let Samples::Ring(_) = self.samples {
             self.consumer.unhold(self.first_seq);
         }
     }

@@ -77,14 +77,7 @@ impl Consumer {
                 return Ok(Step::Done);
             }
             let count = (end - first).min(batch_size);
-            let floor = state
-                .held
-                .first()
-                .map_or(first, |&oldest| oldest.min(first));
-            if first + count > floor.saturating_add(self.ring.layout().capacity) {
-                let held = state.held.len();
-                return Err(ConsumerError::TooManyBatchesHeld { held, max: held });
-            }
+            self.check_room(&state, first, count)?;
             state.next_seq = first + count;
             state.held.insert(first);
             self.cursor.raise_demand(first + count);
@@ -95,11 +88,12 @@ impl Consumer {
             return Err(e);
         }
         let mut state = self.state();
-        if let Delivery::Void = self.deliver_locked(&mut state, first, generation, number)? {
-            return Ok(Step::More);
-        }
-        // SAFETY: as in `deliver`: published, held, and delivered just now.
-        let (indices, flags, fields) = unsafe { self.window(first, count) };
+        let loan = match self.deliver_locked(&mut state, (first, count), generation, number)? {
+            Delivery::Delivered(loan) => loan,
+            Delivery::Void => return Ok(Step::More),
+        };
+        // As in `deliver`: published, held, and delivered just now.
+        let (indices, flags, fields) = self.window(&loan);
         let mut stop = first + count;
         let before = owned.len();
         for (k, &index) in indices.iter().enumerate() {
@@ -131,26 +125,15 @@ impl Consumer {
         Ok(Step::More)
     }
 
-    /// The ring's sequences `first..first + count`: their indices, flags, and each field's
-    /// bytes with its size per sample.
-    ///
-    /// # Safety
-    /// As for [`ConsumerRing::field`], or (a skimming consumer) the caller checks every copy
-    /// made from it against [`ConsumerRing::intact_from`] and drops one that may be torn.
-    pub(super) unsafe fn window(&self, first: u64, count: u64) -> Window<'_> {
+    /// The samples of `loan`: their indices, flags, and each field's bytes with its size per
+    /// sample. A skimming consumer, whose loans no cursor protects, checks every copy made
+    /// from it against [`ConsumerRing::is_intact`] and drops one that may be torn.
+    pub(super) fn window(&self, loan: &ReadLoan) -> Window<'_> {
         let schema = &self.ring.layout().schema;
-        let count = count as usize;
-        // SAFETY: the caller's contract.
-        unsafe {
-            let fields = (schema.fields().iter().enumerate())
-                .map(|(k, f)| (self.ring.field(k, first, count), f.bytes()))
-                .collect();
-            (
-                self.ring.indices(first, count),
-                self.ring.flags(first, count),
-                fields,
-            )
-        }
+        let fields = (schema.fields().iter().enumerate())
+            .map(|(k, f)| (self.ring.field(loan, k), f.bytes()))
+            .collect();
+        (self.ring.indices(loan), self.ring.flags(loan), fields)
     }
 }
 

@@ -15,7 +15,8 @@ use ladle_ring::protocol::{
     self, ClientMessage, DatasetInfo, FeedIdentity, GroupHello, Hello, ServerMessage,
 };
 use ladle_ring::{
-    ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, RingLayout, Schema, shm, sys,
+    ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, ReadLoan, RingLayout, Schema, shm,
+    sys,
 };
 
 use crate::config::{self, ConsumerConfig};
@@ -120,8 +121,9 @@ enum Reserve {
 
 /// What became of a reserved batch when it was to be handed out.
 enum Delivery {
-    /// Handed out: the producer cannot let this consumer go for a stall timeout.
-    Delivered,
+    /// Handed out, to be read through this loan: the producer cannot let this consumer go
+    /// for a stall timeout.
+    Delivered(ReadLoan),
     /// The consumer was let go (and has rejoined), or rejoined on another thread meanwhile:
     /// the reservation is void; ask again.
     Void,
@@ -322,10 +324,7 @@ impl Consumer {
         if held >= max {
             return Err(ConsumerError::TooManyBatchesHeld { held, max });
         }
-        let floor = state.held.first().map_or(next, |&oldest| oldest.min(next));
-        if next.saturating_add(count) > floor.saturating_add(self.ring.layout().capacity) {
-            return Err(ConsumerError::TooManyBatchesHeld { held, max: held });
-        }
+        self.check_room(&state, next, count)?;
         // Tracked before it is handed out: the cursor must not pass it.
         state.next_seq = next + count;
         state.held.insert(next);
@@ -336,6 +335,32 @@ impl Consumer {
             count,
             generation: state.generation,
             skims: state.skims,
+        })
+    }
+
+    /// Whether the ring holds the batch `next..next + count` beside the batches held: the
+    /// producer can never write past the oldest held batch plus the ring, so waiting for more
+    /// would deadlock. Too many batches for the ring, or one batch kept while later ones
+    /// were read until they reached it around the ring, is an error that is not final.
+    fn check_room(&self, state: &State, next: u64, count: u64) -> Result<(), ConsumerError> {
+        let capacity = self.ring.layout().capacity;
+        let Some(&oldest) = state.held.first() else {
+            return Ok(());
+        };
+        let end = next.saturating_add(count);
+        if end <= oldest.min(next).saturating_add(capacity) {
+            return Ok(());
+        }
+        let held = state.held.len();
+        // Batches of this size the ring holds at once (at least one).
+        let fit = (capacity / u64::from(self.config.batch_size).max(1)).max(1) as usize;
+        if held >= fit {
+            return Err(ConsumerError::TooManyBatchesHeld { held, max: fit });
+        }
+        Err(ConsumerError::OldBatchHeld {
+            oldest,
+            next: end,
+            capacity,
         })
     }
 
@@ -375,18 +400,16 @@ impl Consumer {
             self.release_locked(&mut state);
             return Ok(Delivery::Void);
         }
-        if let Delivery::Void = self.deliver_locked(&mut state, first, generation, number)? {
-            return Ok(Delivery::Void);
+        let delivery = self.deliver_locked(&mut state, (first, count), generation, number)?;
+        if let Delivery::Delivered(loan) = &delivery {
+            // Published (the caller waited for it), held (so at or above the cursor) and
+            // delivered just now: the producer may not write it for its stall timeout.
+            for &index in self.ring.indices(loan) {
+                state.epochs.deliver(index);
+            }
+            self.cursor.add_delivered(count);
         }
-        // SAFETY: `first..first + count` is published (the caller waited for it), held (so
-        // at or above the cursor) and delivered just now, so the producer may not write it
-        // for at least its stall timeout; `count <= capacity / 2`.
-        let indices = unsafe { self.ring.indices(first, count as usize) };
-        for &index in indices {
-            state.epochs.deliver(index);
-        }
-        self.cursor.add_delivered(count);
-        Ok(Delivery::Delivered)
+        Ok(delivery)
     }
 
     /// The delivery itself, for [`Consumer::deliver`] and a catch-up span (whose indices are
@@ -394,7 +417,7 @@ impl Consumer {
     fn deliver_locked(
         &self,
         state: &mut State,
-        first: u64,
+        (first, count): (u64, u64),
         generation: u64,
         number: u64,
     ) -> Result<Delivery, ConsumerError> {
@@ -415,7 +438,22 @@ impl Consumer {
             self.rejoin(state)?;
             return Ok(Delivery::Void);
         }
-        Ok(Delivery::Delivered)
+        match self.ring.read_loan(first, count as usize) {
+            Some(loan) => Ok(Delivery::Delivered(loan)),
+            // It waited for the head to pass `first + count`, and it is behind it now.
+            None => {
+                state.held.remove(&first);
+                let error = ConsumerError::Protocol {
+                    socket: self.socket.clone(),
+                    source: Arc::new(ProtocolError::Malformed(format!(
+                        "the ring's head went back to {} after passing {}",
+                        self.ring.head(),
+                        first + count
+                    ))),
+                };
+                Err(self.fail(state, error))
+            }
+        }
     }
 
     /// After the producer let this consumer go (it took no batch for the stall timeout while

@@ -6,6 +6,12 @@
 //! Each copy is checked afterwards against the ring's `lent` word (a seqlock, model-checked
 //! in `ring/tests/loom.rs`); a copy that may be torn is dropped and the samples it held stay
 //! wanted, to be taken when they pass again (every producer-epoch holds every index).
+//!
+//! A consumer asked to skim while it holds batches of the ring (a training loop that keeps
+//! the previous batch, or an example batch for logging) skims at once, from the batch after
+//! those it holds: they stop gating the feed, and each says whether the producer has since
+//! overwritten it ([`BatchOf::is_intact`]). Waiting for them to be dropped would hold the
+//! others back until the stall timeout, or for ever for a batch kept for good.
 
 use super::gather::Step;
 use super::*;
@@ -17,8 +23,7 @@ pub(super) enum Skimming {
     /// It paces the feed (or is let go).
     #[default]
     Off,
-    /// Asked to skim: it copies, and still holds batches handed out before (its cursor
-    /// gates the feed until they are dropped and it says `Skim`).
+    /// Asked to skim, and not said `Skim` yet (it says so before its next batch).
     Asked,
     /// It said `Skim`: its cursor gates nothing.
     On,
@@ -29,7 +34,7 @@ const SKIM_SPAN: u64 = 16;
 
 impl Consumer {
     /// Under the state lock, before each batch: follows the producer's request to skim, and
-    /// says `Skim` once no batch of the ring is held.
+    /// says `Skim` at once, whatever batches of the ring it holds (they stop gating the feed).
     pub(super) fn check_skim(&self, state: &mut State) -> Result<(), ConsumerError> {
         if state.skimming == Skimming::Off && self.cursor.asked_to_skim() {
             state.epochs.skim();
@@ -42,7 +47,15 @@ impl Consumer {
                  copies what its epoch still needs as the samples pass"
             );
         }
-        if state.skimming == Skimming::Asked && state.held.is_empty() {
+        if state.skimming == Skimming::Asked {
+            if !state.held.is_empty() {
+                tracing::info!(
+                    consumer_id = self.consumer_id,
+                    held = state.held.len(),
+                    "skimming while batches of the ring are held: they no longer hold the feed \
+                     back, and each says whether it was overwritten (is_intact)"
+                );
+            }
             let sent = {
                 let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
                 protocol::send(&sock, &ClientMessage::Skim, &[])
@@ -80,8 +93,7 @@ impl Consumer {
         if let Some(error) = state.fatal.clone() {
             return Err(error);
         }
-        // Still gating the feed (batches held since before the ask): say `Skim` once they
-        // are dropped; until then it cannot attach again (it is attached).
+        // Asked: say `Skim` before copying.
         self.check_skim(&mut state)?;
         let on = state.skimming == Skimming::On;
         if on && let Some(why) = state.pace.as_mut().and_then(|p| p.tick(Instant::now())) {
@@ -113,22 +125,25 @@ impl Consumer {
             return Ok(Step::More);
         }
         let count = (head - first).min(capacity / 2);
-        // SAFETY: `first..first + count` is below the head (written once), inside the double
-        // mapping (`count <= capacity`). This consumer holds no cursor on it, so the producer
-        // may be overwriting its oldest part meanwhile: the bytes are plain data (every
-        // pattern is a value), each index word is read once, and every copy is checked
-        // against `intact_from` below and dropped if it may be torn.
-        let (indices, flags, fields) = unsafe { self.window(first, count) };
+        // Below the head: a loan no cursor protects, so the producer may be overwriting its
+        // oldest part meanwhile. Each index is read once, and every copy is checked against
+        // `intact_from` below and dropped if it may be torn.
+        let Some(loan) = self.ring.read_loan(first, count as usize) else {
+            return Ok(Step::More); // the head moved back: a hostile producer; look again
+        };
+        let (_, flags, fields) = self.window(&loan);
         let mut span =
             Owned::with_capacity((batch_size as usize).saturating_sub(owned.len()), schema);
         let mut seqs = Vec::new();
         let mut stop = first + count;
-        for k in 0..count as usize {
-            // SAFETY: a valid, aligned word of the mapping; volatile: read exactly once.
-            let index = unsafe { std::ptr::read_volatile(&indices[k]) };
+        for (k, &flag) in flags.iter().enumerate() {
+            // `k` is a sample of the loan: `index_once` has it.
+            let Some(index) = self.ring.index_once(&loan, k) else {
+                break;
+            };
             if state.epochs.deliver(index) {
                 let seq = first + k as u64;
-                span.push(seq, k, &fields, index, flags[k]);
+                span.push(seq, k, &fields, index, flag);
                 seqs.push(seq);
                 if (owned.len() + span.len()) as u64 == batch_size || state.epochs.is_complete() {
                     stop = seq + 1;

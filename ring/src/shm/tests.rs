@@ -33,9 +33,9 @@ fn a_consumer_sees_every_field_contiguously_across_the_wrap() {
         let (producer, consumer, cap) = published_across_the_wrap(schema);
         assert_eq!(consumer.head(), cap + 3);
         let fields = producer.layout().schema.fields();
+        let loan = consumer.read_loan(cap - 2, 5).unwrap();
         for (k, field) in fields.iter().enumerate() {
-            // SAFETY: published, and nothing else writes in this test.
-            let bytes = unsafe { consumer.field(k, cap - 2, 5) };
+            let bytes = consumer.field(&loan, k);
             assert_eq!(bytes.len(), 5 * field.bytes(), "{schema}");
             for (n, seq) in (cap - 2..cap + 3).enumerate() {
                 let sample = &bytes[n * field.bytes()..(n + 1) * field.bytes()];
@@ -52,13 +52,42 @@ fn a_consumer_sees_every_field_contiguously_across_the_wrap() {
             assert!(begin >= at as usize && end <= at as usize + len);
             assert!(begin < at as usize + len / 2 && end > at as usize + len / 2);
         }
-        // SAFETY: as above.
-        let (indices, flags) =
-            unsafe { (consumer.indices(cap - 2, 5), consumer.flags(cap - 2, 5)) };
+        let (indices, flags) = (consumer.indices(&loan), consumer.flags(&loan));
         for (n, seq) in (cap - 2..cap + 3).enumerate() {
             assert_eq!((indices[n], flags[n]), (seq + 1000, seq % 2));
         }
     }
+}
+
+#[test]
+fn a_read_loan_is_granted_only_for_published_samples_that_fit_the_ring_and_says_when_it_was_lent_again()
+ {
+    let (producer, consumer, cap) = published_across_the_wrap("image: u8[8, 8, 3], label: i64");
+    assert!(consumer.read_loan(cap, 4).is_none(), "past the head");
+    assert!(consumer.read_loan(u64::MAX - 1, 4).is_none(), "past 2^64");
+    assert!(
+        consumer.read_loan(0, cap as usize + 1).is_none(),
+        "more than the ring"
+    );
+    assert!(
+        consumer.read_loan(3, cap as usize).is_some(),
+        "the whole ring, below the head"
+    );
+    let loan = consumer.read_loan(cap - 2, 5).unwrap();
+    assert_eq!((loan.start(), loan.len()), (cap - 2, 5));
+    assert_eq!(consumer.index_once(&loan, 4), Some(cap + 2 + 1000));
+    assert_eq!(consumer.index_once(&loan, 5), None);
+    assert!(consumer.is_intact(&loan));
+    // Lending the slot of `cap − 2` again (sequence `2·cap − 2`) may rewrite the loan's first
+    // sample: it is no longer intact, and a loan that starts after it still is.
+    producer.lend(2 * cap - 2);
+    assert!(
+        consumer.is_intact(&loan),
+        "the slot of cap − 2 is not lent yet"
+    );
+    producer.lend(2 * cap - 1);
+    assert!(!consumer.is_intact(&loan));
+    assert!(consumer.is_intact(&consumer.read_loan(cap - 1, 4).unwrap()));
 }
 
 /// A consumer's mapping of field 0 cannot be made writable.
