@@ -56,6 +56,43 @@ def test_a_late_joiner_still_reads_whole_epochs(producer):
     assert sorted(indices_of(late)) == list(range(DATASET_LEN))
 
 
+def test_a_loop_that_keeps_an_example_batch_skims_past_it_and_the_fast_loop_goes_on(
+    start_producer,
+):
+    # Issue 41, item 6: a slow loop keeping one zero-copy batch (an example for logging)
+    # held the fast one at 0 samples/s until the stall timeout. Here the stall timeout is
+    # longer than the test: only skimming past the kept batch frees the feed.
+    producer = start_producer("--ring-mib", "1", "--stall-timeout", "600")  # 512 slots
+    slow = ladle.Consumer(producer.socket, 10)
+    epoch = iter(slow)
+    example = next(epoch)
+    example_pixels = np.asarray(example.images).copy()
+    seen = np.asarray(example.indices).tolist()
+    fast = ladle.Consumer(producer.socket, 64)
+    everything = list(range(DATASET_LEN))
+    fast_epochs: list[bool] = []
+
+    def read_fast() -> None:
+        for _ in range(6):  # seven rings: the kept batch's slots are written again
+            fast_epochs.append(sorted(indices_of(fast)) == everything)
+
+    reader = threading.Thread(target=read_fast)
+    reader.start()
+    changed_while_intact = 0
+    for batch in epoch:
+        seen.extend(np.asarray(batch.indices).tolist())
+        time.sleep(0.1)  # the slow run's training step: 100 samples/s
+        if example.intact and not np.array_equal(np.asarray(example.images), example_pixels):
+            changed_while_intact += 1
+    reader.join(timeout=120)
+    assert not reader.is_alive(), "the fast loop was held back by the kept batch"
+    assert fast_epochs == [True] * 6, "the fast loop's epochs are exact"
+    assert sorted(seen) == everything, "the slow loop's epoch is exact"
+    assert slow.skims >= 1 and slow.rejoins == 0
+    assert changed_while_intact == 0, "the kept batch changed while it said it was intact"
+    assert not example.intact, "the feed wrote over the kept batch and it must say so"
+
+
 def test_a_loop_holding_the_previous_batch_at_half_the_ring_finishes(start_producer):
     # Issue 11, defect 2: `for b in c: prev = b` at batch C/2 hung at the start of epoch 1
     # (the consumer waits for cursor + C while up to 7 samples sat unsent in the producer).
