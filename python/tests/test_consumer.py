@@ -75,6 +75,7 @@ def test_a_loop_that_keeps_an_example_batch_skims_past_it_and_the_fast_loop_goes
     def read_fast() -> None:
         for _ in range(6):  # seven rings: the kept batch's slots are written again
             fast_epochs.append(sorted(indices_of(fast)) == everything)
+        fast.close()  # done: it no longer paces the feed (the slow one may pace it again)
 
     reader = threading.Thread(target=read_fast)
     reader.start()
