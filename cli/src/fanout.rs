@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use ladle_datasets::pipeline::default_threads;
-use ladle_procs::{Proc, Signal};
+use ladle_os::{Proc, Signal};
 use serde::Serialize;
 
 use crate::embedded::{DEMO_SAMPLES, embedded_dataset};
@@ -132,7 +132,7 @@ pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
 
 /// CPU time (user + system) of all waited-for children so far.
 fn children_cpu() -> Duration {
-    ladle_procs::cpu_time(ladle_procs::Usage::Children)
+    ladle_os::cpu_time(ladle_os::Usage::Children)
 }
 
 /// The `ladle` binary running this.

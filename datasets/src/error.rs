@@ -181,21 +181,7 @@ impl SampleError {
         let Self::Io { source, .. } = self else {
             return false;
         };
-        let transient_errno = [
-            libc::EMFILE,
-            libc::ENFILE,
-            libc::ENOMEM,
-            libc::ENOBUFS,
-            libc::EAGAIN,
-            libc::EINTR,
-        ];
-        source
-            .raw_os_error()
-            .is_some_and(|errno| transient_errno.contains(&errno))
-            || matches!(
-                source.kind(),
-                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            )
+        ladle_os::fs::is_transient(source)
     }
 
     /// The file, tar member or CIFAR record this error is about, if any.

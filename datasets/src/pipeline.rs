@@ -674,15 +674,15 @@ mod tests {
             index: 7,
             epoch: 0,
         };
-        let io = |errno| SampleError::Io {
+        let io = |source| SampleError::Io {
             location: "x.jpg".into(),
-            source: std::io::Error::from_raw_os_error(errno),
+            source,
         };
         let mut tries = 0;
         let outcome = with_retries(&item, || {
             tries += 1;
             if tries < 3 {
-                Err(io(libc::EMFILE))
+                Err(io(ladle_os::fs::too_many_open_files()))
             } else {
                 Ok(tries)
             }
@@ -695,7 +695,7 @@ mod tests {
         let mut tries = 0;
         let outcome: Result<(), _> = with_retries(&item, || {
             tries += 1;
-            Err(io(libc::ENOENT))
+            Err(io(std::io::ErrorKind::NotFound.into()))
         });
         assert!(outcome.is_err());
         assert_eq!(tries, 1, "a missing file is not transient");

@@ -349,7 +349,7 @@ impl Shared {
             .max()
             .unwrap_or(0)
             .min(capacity);
-        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        let cpu = ladle_os::clock::process_cpu();
         FeedStats {
             source: self.info.source.clone(),
             dataset_len: self.info.len,
@@ -357,7 +357,7 @@ impl Shared {
             threads: self.threads,
             pid: std::process::id(),
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
-            cpu_s: cpu.tv_sec as f64 + cpu.tv_nsec as f64 * 1e-9,
+            cpu_s: cpu.as_secs_f64(),
             decode_cpu_s: self.decode_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             published: head,
             bad: self.bad.load(Ordering::Relaxed),

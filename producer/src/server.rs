@@ -8,7 +8,6 @@
 //! spinning on a connection it cannot accept.
 
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
@@ -39,98 +38,54 @@ const GROUP_POLL: Duration = Duration::from_millis(100);
 /// How often the accept loop looks at the stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
-/// Binds `path` with mode 0600. A socket file left by a dead producer is replaced; one that a
-/// live producer answers on is an error, and so is anything at `path` that is not a socket
-/// (it is left as it is).
+/// Binds `path` with mode 0600, by the one policy of `ladle_os::net::bind_private`: a socket
+/// file left by a dead producer is replaced; one that a live producer answers on is an error,
+/// and so is anything at `path` that is not a socket (it is left as it is).
 pub(crate) fn bind(path: &Path) -> Result<UnixListener, ProducerError> {
-    let fail = |reason: String| ProducerError::Socket {
+    ladle_os::net::bind_private(path).map_err(|e| ProducerError::Socket {
         path: path.into(),
-        reason,
-    };
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(fail(
-                "a file that is not a socket is in the way; refusing to replace it".into(),
-            ));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(fail("another producer is serving on it".into()));
-        }
-        std::fs::remove_file(path)
-            .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
-    }
-    let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| fail(format!("cannot set mode 0600: {e}")))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| fail(format!("cannot make the listener non-blocking: {e}")))?;
-    Ok(listener)
+        reason: match e {
+            ladle_os::net::BindError::InUse => "another producer is serving on it".into(),
+            other => other.to_string(),
+        },
+    })
 }
 
 /// Accepts connections until the producer stops; one thread per consumer connection, at most
 /// `max_connections`.
 pub(crate) fn serve(listener: UnixListener, shared: &Arc<Shared>) {
-    let mut out_of_fds_since: Option<Instant> = None;
-    while !shared.stop.load(Ordering::SeqCst) {
-        let mut fds = [rustix::event::PollFd::new(
-            &listener,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: ACCEPT_POLL.as_nanos() as i64,
-        };
-        if rustix::event::poll(&mut fds, Some(&timeout)).is_err() {
-            continue; // EINTR
-        }
-        let conn = match listener.accept() {
-            Ok((conn, _)) => conn,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                // EMFILE / ENFILE / ENOBUFS: the connection stays queued; retrying at once
-                // would spin. Say so once per episode and back off.
-                if out_of_fds_since.is_none() {
-                    tracing::warn!("cannot accept a connection ({e}); backing off");
-                }
-                out_of_fds_since.get_or_insert_with(Instant::now);
-                std::thread::sleep(ACCEPT_POLL);
-                continue;
+    ladle_os::net::accept_loop(
+        &listener,
+        &shared.stop,
+        ACCEPT_POLL,
+        "the producer",
+        |conn| {
+            let live = shared.connections.fetch_add(1, Ordering::SeqCst);
+            if live >= shared.max_connections {
+                shared.connections.fetch_sub(1, Ordering::SeqCst);
+                let reason = format!(
+                    "too many connections: this producer serves at most {}",
+                    shared.max_connections
+                );
+                tracing::warn!("refused a connection: {reason}");
+                let _ = conn.set_write_timeout(Some(Duration::from_millis(100)));
+                let _ = protocol::send(&conn, &ServerMessage::Reject { reason }, &[]);
+                return;
             }
-        };
-        if let Some(since) = out_of_fds_since.take() {
-            tracing::info!(
-                "accepting connections again after {:.1} s",
-                since.elapsed().as_secs_f64()
-            );
-        }
-        // Accepted sockets do not inherit O_NONBLOCK on Linux; make sure.
-        let _ = conn.set_nonblocking(false);
-        let live = shared.connections.fetch_add(1, Ordering::SeqCst);
-        if live >= shared.max_connections {
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
-            let reason = format!(
-                "too many connections: this producer serves at most {}",
-                shared.max_connections
-            );
-            tracing::warn!("refused a connection: {reason}");
-            let _ = conn.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = protocol::send(&conn, &ServerMessage::Reject { reason }, &[]);
-            continue;
-        }
-        let for_thread = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("ladle-consumer-conn".into())
-            .spawn(move || {
-                handle(&conn, &for_thread);
-                for_thread.connections.fetch_sub(1, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
-            // The connection went with the closure; its count goes too.
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
-            tracing::error!("cannot start a connection thread: {e}");
-        }
-    }
+            let for_thread = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("ladle-consumer-conn".into())
+                .spawn(move || {
+                    handle(&conn, &for_thread);
+                    for_thread.connections.fetch_sub(1, Ordering::SeqCst);
+                });
+            if let Err(e) = spawned {
+                // The connection went with the closure; its count goes too.
+                shared.connections.fetch_sub(1, Ordering::SeqCst);
+                tracing::error!("cannot start a connection thread: {e}");
+            }
+        },
+    );
 }
 
 /// Admits one consumer, then serves its messages until it leaves (message or EOF).

@@ -54,9 +54,7 @@ impl RingSink<'_> {
     /// Adds the CPU time this decode thread used since it last counted to the feed's decode
     /// CPU (a `clock_gettime` per sample: well under a microsecond beside a decode).
     pub(crate) fn count_cpu(&self) {
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-        let now = u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(now.tv_nsec).unwrap_or(0);
+        let now = u64::try_from(ladle_os::clock::thread_cpu().as_nanos()).unwrap_or(u64::MAX);
         let last = COUNTED_CPU_NS.with(|c| c.replace(now));
         // A thread's clock starts at its creation: its first count holds its start-up too.
         (self.shared.decode_cpu_ns).fetch_add(now.saturating_sub(last), Ordering::Relaxed);

@@ -61,11 +61,8 @@ pub enum ShmError {
 
 impl ShmError {
     #[cfg_attr(loom, allow(dead_code))] // the shared-memory module is not built under loom
-    pub(crate) fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> Self {
-        move |e| Self::Os {
-            what,
-            source: e.into(),
-        }
+    pub(crate) fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |e| Self::Os { what, source: e }
     }
 }
 

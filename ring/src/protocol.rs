@@ -466,7 +466,7 @@ pub fn send<M: Serialize>(
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(&body);
-    sys::send_with_fds(sock.as_fd(), &frame, fds).map_err(|e| ProtocolError::Io(e.into()))
+    sys::send_with_fds(sock.as_fd(), &frame, fds).map_err(ProtocolError::Io)
 }
 
 /// Reads exactly `buf.len()` bytes, collecting any fds that arrive with them; with a
@@ -493,12 +493,12 @@ fn read_exact_with_fds(
                 have += n;
                 fds.extend(received);
             }
-            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             // SO_RCVTIMEO ran out: say so in words, not as EAGAIN.
-            Err(rustix::io::Errno::AGAIN) if deadline.is_some() => {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && deadline.is_some() => {
                 return Err(ProtocolError::Io(std::io::ErrorKind::TimedOut.into()));
             }
-            Err(e) => return Err(ProtocolError::Io(e.into())),
+            Err(e) => return Err(ProtocolError::Io(e)),
         }
     }
     Ok(())
@@ -545,14 +545,11 @@ fn recv_frame<M: for<'de> Deserialize<'de>>(
 /// Whether the peer has closed the socket or sent something, without blocking: `Ok(None)`
 /// when nothing is pending, `Ok(Some(msg))` for a waiting message, an error on EOF.
 pub fn poll<M: for<'de> Deserialize<'de>>(sock: &UnixStream) -> Result<Option<M>, ProtocolError> {
-    let mut peek = [0u8; 1];
-    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-    let pending = rustix::net::recv(sock, &mut peek, flags).map(|(n, _)| n);
-    match pending {
-        Ok(0) => Err(ProtocolError::Closed),
-        Ok(_) => recv::<M>(sock).map(|(m, _)| Some(m)),
-        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(None),
-        Err(e) => Err(ProtocolError::Io(e.into())),
+    match sys::pending(sock) {
+        Ok(Some(0)) => Err(ProtocolError::Closed),
+        Ok(Some(_)) => recv::<M>(sock).map(|(m, _)| Some(m)),
+        Ok(None) => Ok(None),
+        Err(e) => Err(ProtocolError::Io(e)),
     }
 }
 

@@ -567,15 +567,7 @@ impl Futex for OsFutex {
     }
 }
 
-/// Whether the size of the file behind `fd` is sealed for good: `F_SEAL_SHRINK` and
-/// `F_SEAL_GROW` are set (seals are never removed). Only such a file may be mapped from
-/// another process: one that shrinks under a mapping kills the process at its next access
-/// with `SIGBUS`. False for a file that cannot carry seals (not a memfd).
-pub fn size_sealed(fd: BorrowedFd<'_>) -> bool {
-    use rustix::fs::SealFlags;
-    rustix::fs::fcntl_get_seals(fd)
-        .is_ok_and(|seals| seals.contains(SealFlags::SHRINK | SealFlags::GROW))
-}
+pub use ladle_os::shm::size_sealed;
 
 /// The producer let this consumer go: it took no batch for the stall timeout while holding
 /// the feed back. What it held may have been overwritten.

@@ -9,7 +9,7 @@
 //! It starts training processes (jobs) on the machine's GPUs under NVIDIA MPS only while
 //! memory and compute headroom allow, as CARMA does, recovers jobs that crash out of
 //! memory, loses no job across a crash of its own, and places the consumers of one producer
-//! feed together. It knows feeds by name only; of ladle's crates it depends on `ladle-procs`
+//! feed together. It knows feeds by name only; of ladle's crates it depends on `ladle-os`
 //! alone (child processes, their groups and CPU time). The
 //! `ladle` binary's `scheduler`, `submit`, `queue`, `cancel`, `logs` and `sim` subcommands
 //! are thin shells over it.

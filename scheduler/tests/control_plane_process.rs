@@ -155,5 +155,5 @@ fn a_daemon_out_of_file_descriptors_backs_off_and_serves_again_once_some_are_fre
 /// CPU seconds this process has used (user + system): `getrusage`, which needs no
 /// descriptor.
 fn cpu_seconds() -> f64 {
-    ladle_procs::cpu_time(ladle_procs::Usage::Myself).as_secs_f64()
+    ladle_os::cpu_time(ladle_os::Usage::Myself).as_secs_f64()
 }

@@ -335,7 +335,7 @@ pub fn run(
         served.as_ref(),
         &socket,
         started.elapsed().as_secs_f64(),
-        ladle_procs::cpu_time(ladle_procs::Usage::Myself).as_secs_f64(),
+        ladle_os::cpu_time(ladle_os::Usage::Myself).as_secs_f64(),
         std::thread::available_parallelism().map_or(1, usize::from) as f64,
         &prices,
     );

@@ -383,7 +383,7 @@ pub fn run_command(command: &mut Command, timeout: Duration) -> Result<String, S
         detail,
     };
     let program = command.get_program().to_string_lossy().into_owned();
-    let mut proc = ladle_procs::Proc::spawn(program.clone(), command).map_err(|e| {
+    let mut proc = ladle_os::Proc::spawn(program.clone(), command).map_err(|e| {
         fail(format!(
             "cannot run {program} ({e}): is Slurm's client (slurm-client) installed and on PATH?"
         ))

@@ -4,7 +4,7 @@
 //! binary as real processes (a producer, several consumers) over real Unix sockets and real shared
 //! memory, on real files. This library is the fixture the tests in `tests/` share: every test gets
 //! its own temporary directory (so its own socket and dataset names, and tests run in parallel),
-//! every child process leads its own process group (a `ladle_procs::Proc`) and is killed with
+//! every child process leads its own process group (a `ladle_os::Proc`) and is killed with
 //! that group when the fixture drops, and every wait has a deadline that turns a hang into a
 //! test failure (a watchdog, not a speed assertion).
 //!
@@ -22,7 +22,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use ladle_procs::{Output, Proc, Signal};
+use ladle_os::{Output, Proc, Signal};
 use ladle_ring::protocol::FeedStats;
 
 pub mod scheduler;

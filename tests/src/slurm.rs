@@ -94,7 +94,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
-use ladle_procs::{Proc, ProcError, Signal};
+use ladle_os::{Proc, ProcError, Signal};
 
 use crate::Finished;
 

@@ -41,7 +41,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ladle_procs::{Proc, Signal};
+use ladle_os::{Proc, Signal};
 use ladle_tests::slurm::{COMMAND_TIMEOUT, Cluster, JobId, SlurmError, processes_of};
 use ladle_tests::wait_until;
 

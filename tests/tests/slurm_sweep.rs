@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ladle_procs::Proc;
+use ladle_os::Proc;
 use ladle_tests::slurm::Cluster;
 use ladle_tests::{Fixture, ladle_bin, wait_until};
 use serde_json::Value;
@@ -60,7 +60,7 @@ fn sweep_args<'a>(data: &'a str, out: &'a str) -> Vec<&'a str> {
 }
 
 /// Runs `command` to its end, bounded.
-fn finish(command: &mut Command, what: &str) -> ladle_procs::Output {
+fn finish(command: &mut Command, what: &str) -> ladle_os::Output {
     let mut proc = Proc::spawn(what, command).unwrap();
     proc.wait_timeout(GUARD)
         .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -245,7 +245,7 @@ fn open_checked(
         Err(e) => {
             return Err(ConnectError::Connect {
                 socket: socket.to_owned(),
-                source: e.into(),
+                source: e,
             });
         }
     };

@@ -89,11 +89,7 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Vec<PathBuf>, OpenError> {
 pub(crate) fn open_regular(
     path: &Path,
 ) -> std::io::Result<Result<(std::fs::File, std::fs::Metadata), &'static str>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
+    let file = ladle_os::fs::open_nonblocking(path)?;
     let meta = file.metadata()?;
     Ok(if meta.file_type().is_file() {
         Ok((file, meta))

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(doc)]
 use super::WorkerPoolConfig;
-use super::{POLL, Worker, WorkerPool, timespec};
+use super::{POLL, Worker, WorkerPool};
 
 /// A worker's first message.
 #[derive(Debug, Serialize, Deserialize)]
@@ -43,23 +43,9 @@ pub(super) struct Refusal {
 
 impl WorkerPool {
     pub(super) fn accept_loop(self: Arc<Self>, listener: &UnixListener) {
-        while !self.stop.load(Ordering::SeqCst) {
-            let mut fds = [rustix::event::PollFd::new(
-                listener,
-                rustix::event::PollFlags::IN,
-            )];
-            if rustix::event::poll(&mut fds, Some(&timespec(POLL))).is_err() {
-                continue;
-            }
-            match listener.accept() {
-                Ok((conn, _)) => self.handshake(conn),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    tracing::warn!("cannot accept a worker ({e}); backing off");
-                    std::thread::sleep(POLL);
-                }
-            }
-        }
+        ladle_os::net::accept_loop(listener, &self.stop, POLL, "the worker pool", |conn| {
+            self.handshake(conn)
+        });
         // The feed is stopping: idle workers are let go (EOF on their socket; they exit).
         while self.idle_rx.try_recv().is_ok() {}
         let _ = std::fs::remove_file(&self.path);
@@ -120,8 +106,8 @@ impl WorkerPool {
 
     fn admit(&self, conn: UnixStream) -> Result<(), String> {
         conn.set_nonblocking(false).map_err(|e| e.to_string())?;
-        let cred = rustix::net::sockopt::socket_peercred(&conn).map_err(|e| e.to_string())?;
-        let uid = cred.uid.as_raw();
+        let cred = ladle_os::net::peer_cred(&conn).map_err(|e| e.to_string())?;
+        let uid = cred.uid;
         if uid != sys::my_uid() {
             return Err(format!("its uid {uid} is not this process's"));
         }
@@ -141,8 +127,14 @@ impl WorkerPool {
         tracing::debug!(pid = hello.pid, "worker connected");
         // The kernel's pid for the socket, not the one the hello claims: it is what a
         // timeout kills.
-        let pid = u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(hello.pid);
-        let worker = Worker { conn, pid, staging };
+        let pid = cred.pid;
+        let process = ladle_os::process::ProcessId::of(pid);
+        let worker = Worker {
+            conn,
+            pid,
+            process,
+            staging,
+        };
         if self.stop.load(Ordering::SeqCst) {
             return Ok(()); // let go at once: the feed is stopping
         }

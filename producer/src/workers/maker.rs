@@ -14,7 +14,7 @@ use ladle_ring::Schema;
 use ladle_ring::protocol::{self, DatasetInfo};
 use serde::{Deserialize, Serialize};
 
-use super::{ANSWER_TIMEOUT, POLL, STOP_GRACE, Worker, WorkerPool, timespec};
+use super::{ANSWER_TIMEOUT, POLL, STOP_GRACE, Worker, WorkerPool};
 use crate::CustomSource;
 
 /// One sample to make.
@@ -33,17 +33,12 @@ pub(super) struct Reply {
     pub(super) error: Option<String>,
 }
 
-/// `SIGKILL` to a worker by the pid the kernel gave for its socket; never to this process
-/// (a worker that is a thread of it, in tests).
-fn kill(pid: u32) {
-    if pid == std::process::id() {
-        return;
-    }
-    if let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+/// `SIGKILL` to a worker, the process the kernel gave for its socket at admission (its pid
+/// and start time), if it is still that process; never to this process (a worker that is a
+/// thread of it, in tests).
+fn kill(worker: Option<ladle_os::process::ProcessId>) {
+    if let Some(process) = worker {
+        let _ = process.signal(ladle_os::Signal::KILL);
     }
 }
 
@@ -130,15 +125,11 @@ impl WorkerMaker<'_> {
                 Some(deadline) => POLL.min(deadline - now),
                 None => POLL,
             };
-            let mut fds = [rustix::event::PollFd::new(
-                &worker.conn,
-                rustix::event::PollFlags::IN,
-            )];
-            match rustix::event::poll(&mut fds, Some(&timespec(wait))) {
-                Ok(0) | Err(rustix::io::Errno::INTR) => {}
+            match ladle_os::net::wait_readable(&worker.conn, wait) {
+                Ok(false) => {}
                 // Readable, closed or failed: the read below says which.
-                Ok(_) => break,
-                Err(e) => return Waited::Closed(ProtocolError::Io(e.into())),
+                Ok(true) => break,
+                Err(e) => return Waited::Closed(ProtocolError::Io(e)),
             }
             if self.pool.stop.load(Ordering::SeqCst) {
                 let since = *stopping_since.get_or_insert_with(Instant::now);
@@ -173,7 +164,7 @@ impl WorkerMaker<'_> {
             Ok(()) => self.wait_for_answer(&worker),
             Err(e) => Waited::Closed(e),
         };
-        let pid = worker.pid;
+        let (pid, process) = (worker.pid, worker.process);
         match waited {
             Waited::Answer(reply) => {
                 self.worker = Some(worker);
@@ -196,7 +187,7 @@ impl WorkerMaker<'_> {
                     item.seq,
                     item.epoch
                 );
-                kill(pid);
+                kill(process);
                 Outcome::Died(format!(
                     "worker process {pid} took over {limit} s on it and was killed"
                 ))
@@ -208,7 +199,7 @@ impl WorkerMaker<'_> {
                     "the feed stopped while worker process {pid} made sample {}: killing it",
                     item.index
                 );
-                kill(pid);
+                kill(process);
                 Outcome::GaveUp(format!(
                     "the feed stopped before worker process {pid} made it"
                 ))

@@ -116,6 +116,9 @@ impl WorkerPoolConfig {
 struct Worker {
     conn: UnixStream,
     pid: u32,
+    /// Its pid with its start time, read at admission: what a kill goes through, so that a
+    /// worker that died and whose pid was reused is never the one signalled.
+    process: Option<ladle_os::process::ProcessId>,
     /// The producer's read-only view of the worker's staging buffer.
     staging: Mapping,
 }
@@ -259,12 +262,5 @@ impl WorkerPool {
 impl Drop for WorkerPool {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-fn timespec(d: Duration) -> rustix::time::Timespec {
-    rustix::time::Timespec {
-        tv_sec: d.as_secs() as i64,
-        tv_nsec: i64::from(d.subsec_nanos()),
     }
 }

@@ -337,7 +337,7 @@ impl Daemon {
             };
             if let Some(child) = live.child.as_ref() {
                 // wait4, not the Child's own wait: it also reads the attempt's CPU time.
-                match ladle_procs::try_wait_with_cpu(child.id()) {
+                match ladle_os::try_wait_with_cpu(child.id()) {
                     Ok(Some((status, cpu))) => ended.push(Ended {
                         id: job.id,
                         code: status.code(),

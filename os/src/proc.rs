@@ -1,9 +1,4 @@
-//! # ladle-procs: child processes in their own process group
-//!
-//! In `docs/ARCHITECTURE.md`'s picture this crate sits under the `cli/` and `tests/` boxes: the
-//! one way the `ladle` binary's harnesses (`ladle bench fanout`, `ladle demo`) and the
-//! multi-process test fixture (`ladle-tests`) start other processes. A [`Proc`] is a child
-//! that
+//! Child processes in their own process group. A [`Proc`] is a child that
 //!
 //! - runs in its own process group (`setpgid(0, 0)` before `exec`, through
 //!   [`CommandExt::process_group`]), so that killing it kills whatever it started too, and a
@@ -17,21 +12,6 @@
 //!
 //! A group whose leader has already been waited for is never signalled: its id may belong to
 //! another process by then.
-//!
-//! ## Example
-//! ```
-//! use std::process::Command;
-//! use std::time::Duration;
-//!
-//! use ladle_procs::Proc;
-//!
-//! let mut echo = Proc::spawn("echo", Command::new("echo").arg("hello"))?;
-//! echo.wait_timeout(Duration::from_secs(60))?;
-//! let out = echo.output()?;
-//! assert!(out.status.success());
-//! assert_eq!(out.stdout, "hello\n");
-//! # Ok::<(), ladle_procs::ProcError>(())
-//! ```
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -40,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use rustix::process::Signal;
+pub use crate::process::Signal;
 
 /// How often a wait looks whether the child has exited.
 const POLL: Duration = Duration::from_millis(20);
@@ -361,7 +341,7 @@ mod tests {
 
     #[test]
     fn dropping_a_proc_kills_what_its_child_started_too() {
-        let dir = std::env::temp_dir().join(format!("ladle-procs-test-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ladle-os-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("grandchild.pid");
         let script = format!(

@@ -1,0 +1,311 @@
+//! Processes of the machine: identity from `/proc` (a pid and its start time, so that a
+//! recycled pid is never taken for the process it named), process groups, owners, signals,
+//! and exclusive lock files. Every signal a ladle process sends to a process it did not just
+//! start goes through a [`ProcessId`].
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+pub use rustix::process::Signal;
+
+/// The fields of `/proc/PID/stat` ladle reads; `None` when the process does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    /// Field 3: `R`, `S`, `Z`, ...
+    state: char,
+    /// Field 5.
+    group: u32,
+    /// Field 22: clock ticks since boot.
+    start_ticks: u64,
+}
+
+fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses `/proc/PID/stat`. The command name (field 2) is in parentheses and may hold spaces
+/// and parentheses of its own: the fields after it start after its *last* `)`.
+fn parse_stat(stat: &str) -> Option<Stat> {
+    let mut after = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = after.next()?.chars().next()?; // field 3
+    let group = after.nth(1)?.parse().ok()?; // field 5
+    let start_ticks = after.nth(16)?.parse().ok()?; // field 22
+    Some(Stat {
+        state,
+        group,
+        start_ticks,
+    })
+}
+
+/// One process for the machine's uptime: its pid and the start time (clock ticks since boot)
+/// `/proc` gave for it. A pid is recycled once its process is reaped; the pair is not, so a
+/// signal through a `ProcessId` never reaches a process that took the pid since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    /// The pid.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot (field 22 of `/proc/PID/stat`).
+    pub start_ticks: u64,
+}
+
+impl ProcessId {
+    /// The process `pid` is now; `None` when there is none.
+    pub fn of(pid: u32) -> Option<Self> {
+        Some(Self {
+            pid,
+            start_ticks: stat(pid)?.start_ticks,
+        })
+    }
+
+    /// The pair as recorded earlier (a journal, a report).
+    pub fn new(pid: u32, start_ticks: u64) -> Self {
+        Self { pid, start_ticks }
+    }
+
+    /// Whether this process still exists (it may be a zombie): its pid names the same start.
+    pub fn exists(&self) -> bool {
+        start_ticks(self.pid) == Some(self.start_ticks)
+    }
+
+    /// Whether it exists and is not a zombie.
+    pub fn is_alive(&self) -> bool {
+        stat(self.pid).is_some_and(|s| s.start_ticks == self.start_ticks && !is_dead(s.state))
+    }
+
+    /// Sends `signal` to this process, if it is still this process; never to the calling
+    /// process. `Ok(false)`: it is gone (or its pid is another process's now), nothing sent.
+    pub fn signal(&self, signal: Signal) -> io::Result<bool> {
+        if self.pid == std::process::id() || !self.exists() {
+            return Ok(false);
+        }
+        // The pid could be recycled between the look and the kill only if the process were
+        // reaped in between: a parent that reaps it is the one that knows not to signal it.
+        kill_raw(self.pid, signal)
+    }
+
+    /// Sends `signal` to the process group this process leads, if it is still this process
+    /// (a group outlives its leader's pid only while the leader is unreaped). `Ok(false)`:
+    /// the leader is gone, nothing sent.
+    pub fn signal_group(&self, signal: Signal) -> io::Result<bool> {
+        if !self.exists() {
+            return Ok(false);
+        }
+        signal_group_raw(self.pid, signal)?;
+        Ok(true)
+    }
+}
+
+fn is_dead(state: char) -> bool {
+    matches!(state, 'Z' | 'X')
+}
+
+fn kill_raw(pid: u32, signal: Signal) -> io::Result<bool> {
+    let pid = pid_of(pid)?;
+    match rustix::process::kill_process(pid, signal) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::SRCH) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn pid_of(pid: u32) -> io::Result<rustix::process::Pid> {
+    i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// Sends `signal` to process group `pgid` by its number alone. Only for a group whose leader
+/// the caller started and has not reaped (its number cannot be reused meanwhile); any other
+/// goes through [`ProcessId::signal_group`].
+pub fn signal_group_raw(pgid: u32, signal: Signal) -> io::Result<()> {
+    rustix::process::kill_process_group(pid_of(pgid)?, signal)?;
+    Ok(())
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of `/proc/PID/stat`),
+/// `None` when the process does not exist.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    Some(stat(pid)?.start_ticks)
+}
+
+/// The process group of `pid`, `None` when it does not exist.
+pub fn process_group(pid: u32) -> Option<u32> {
+    Some(stat(pid)?.group)
+}
+
+/// Whether `pid` is alive and not a zombie.
+pub fn alive(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| !is_dead(s.state))
+}
+
+/// `/proc/PID/cmdline` with NULs as spaces, empty when unreadable.
+pub fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Whether process group `pgid` has a member that is alive and not a zombie. A zombie left by
+/// a killed job's orphaned child is its new parent's to reap (init's, or a container's first
+/// process, which may never do it), so it does not count.
+pub fn group_alive(pgid: u32) -> bool {
+    let Ok(pid) = pid_of(pgid) else {
+        return false;
+    };
+    if rustix::process::test_kill_process_group(pid) == Err(rustix::io::Errno::SRCH) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        // Cannot look: the group answered a signal, so take it for alive.
+        return true;
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .any(|pid| stat(pid).is_some_and(|s| s.group == pgid && !is_dead(s.state)))
+}
+
+/// Process `pid`'s owner (the uid of `/proc/PID`), `None` when it does not exist.
+pub fn owner(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// One process of the machine as [`processes_named`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owned {
+    /// Its pid.
+    pub pid: u32,
+    /// Its owner.
+    pub uid: u32,
+    /// Its program (the file name of `argv[0]`).
+    pub program: String,
+}
+
+/// Every process this pid namespace shows whose program (the file name of `argv[0]`, which
+/// `/proc/PID/cmdline` gives for every user's process unless `/proc` is mounted with
+/// `hidepid`) starts with `prefix`.
+pub fn processes_named(prefix: &str) -> Vec<Owned> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let argv0 = cmdline.split(|&b| b == 0).next()?;
+            let program = String::from_utf8_lossy(argv0);
+            let program = program.rsplit('/').next()?.to_owned();
+            if !program.starts_with(prefix) {
+                return None;
+            }
+            Some(Owned {
+                pid,
+                uid: owner(pid)?,
+                program,
+            })
+        })
+        .collect()
+}
+
+/// This process's effective uid.
+pub fn my_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// Takes an exclusive, non-blocking `flock` on `path` (created if missing); held until the
+/// returned file is dropped. `Ok(None)` when another process holds it.
+pub fn lock_file(path: &Path) -> io::Result<Option<File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(file)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+
+    use super::*;
+
+    #[test]
+    fn a_stat_line_is_read_after_the_last_parenthesis_of_the_name() {
+        let line = "4242 (a (weird) name) S 1 4240 4240 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    98765 1000 10 18446744073709551615";
+        let stat = parse_stat(line).unwrap();
+        assert_eq!(
+            (stat.state, stat.group, stat.start_ticks),
+            ('S', 4240, 98765)
+        );
+        assert_eq!(parse_stat("4242 (x) S 1"), None, "cut short");
+    }
+
+    #[test]
+    fn this_process_has_a_start_time_and_a_group() {
+        let me = std::process::id();
+        assert!(start_ticks(me).is_some());
+        assert!(process_group(me).is_some());
+        assert!(alive(me));
+        assert!(!cmdline(me).is_empty());
+        assert!(ProcessId::of(me).unwrap().is_alive());
+    }
+
+    #[test]
+    fn a_process_id_of_a_reaped_child_signals_nothing_even_when_its_pid_comes_back() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcessId::of(child.id()).unwrap();
+        child.wait().unwrap();
+        assert!(!alive(id.pid) && !id.exists());
+        assert_eq!(id.signal(Signal::KILL).unwrap(), false);
+        // The same pid with another start time (what a recycled pid looks like) is not it.
+        let me = ProcessId::of(std::process::id()).unwrap();
+        let other = ProcessId::new(me.pid, me.start_ticks + 1);
+        assert!(!other.exists());
+        assert_eq!(other.signal(Signal::KILL).unwrap(), false);
+        assert_eq!(
+            me.signal(Signal::KILL).unwrap(),
+            false,
+            "never the calling process"
+        );
+    }
+
+    #[test]
+    fn a_group_is_alive_while_a_member_runs_and_not_once_it_is_reaped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let leader = ProcessId::of(child.id()).unwrap();
+        assert!(group_alive(leader.pid));
+        assert!(leader.signal_group(Signal::KILL).unwrap());
+        child.wait().unwrap();
+        assert!(!group_alive(leader.pid));
+        assert!(
+            !leader.signal_group(Signal::KILL).unwrap(),
+            "reaped: nothing sent"
+        );
+    }
+
+    #[test]
+    fn a_second_lock_on_the_same_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ladle-os-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lock");
+        let held = lock_file(&path).unwrap();
+        assert!(held.is_some());
+        assert!(lock_file(&path).unwrap().is_none());
+        drop(held);
+        assert!(lock_file(&path).unwrap().is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
