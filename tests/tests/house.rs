@@ -18,6 +18,35 @@ fn repo() -> PathBuf {
 /// Each workspace crate by its folder (`consumer-sdk`, `python`), with the folders of the
 /// ladle crates its `[dependencies]` name (not dev- or build-dependencies).
 fn actual() -> BTreeMap<String, BTreeSet<String>> {
+    let (meta, folder) = metadata();
+    let packages = meta["packages"].as_array().unwrap();
+    let by_name: BTreeMap<&str, String> = packages
+        .iter()
+        .map(|p| {
+            let name = p["name"].as_str().unwrap();
+            (name, folder(p["manifest_path"].as_str().unwrap()))
+        })
+        .collect();
+    packages
+        .iter()
+        .map(|p| {
+            let deps = normal_dependencies(p)
+                .filter_map(|name| by_name.get(name).cloned())
+                .collect();
+            (folder(p["manifest_path"].as_str().unwrap()), deps)
+        })
+        .collect()
+}
+
+/// The names of a package's `[dependencies]` (not dev- or build-dependencies).
+fn normal_dependencies(package: &serde_json::Value) -> impl Iterator<Item = &str> {
+    (package["dependencies"].as_array().unwrap().iter())
+        .filter(|d| d["kind"].is_null())
+        .map(|d| d["name"].as_str().unwrap())
+}
+
+/// `cargo metadata` of the workspace, and how to name a package by its folder.
+fn metadata() -> (serde_json::Value, impl Fn(&str) -> String) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
         .args([
@@ -36,29 +65,12 @@ fn actual() -> BTreeMap<String, BTreeSet<String>> {
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let packages = meta["packages"].as_array().unwrap();
     let folder = |manifest: &str| {
         let dir = Path::new(manifest).parent().unwrap();
         let rel = dir.strip_prefix(repo()).unwrap();
         rel.to_str().unwrap().to_owned()
     };
-    let by_name: BTreeMap<&str, String> = packages
-        .iter()
-        .map(|p| {
-            let name = p["name"].as_str().unwrap();
-            (name, folder(p["manifest_path"].as_str().unwrap()))
-        })
-        .collect();
-    packages
-        .iter()
-        .map(|p| {
-            let deps = (p["dependencies"].as_array().unwrap().iter())
-                .filter(|d| d["kind"].is_null())
-                .filter_map(|d| by_name.get(d["name"].as_str().unwrap()).cloned())
-                .collect();
-            (folder(p["manifest_path"].as_str().unwrap()), deps)
-        })
-        .collect()
+    (meta, folder)
 }
 
 /// The arrows of the map's "Dependencies" block: `a, b → c, d` or `a → no ladle crate`.
@@ -109,4 +121,19 @@ fn the_crates_depend_on_each_other_exactly_as_the_architecture_map_draws() {
             "docs/ARCHITECTURE.md draws {folder}, which is no crate of the workspace"
         );
     }
+}
+
+#[test]
+fn only_the_os_crate_calls_the_operating_system_directly() {
+    // Test, bench and fuzz packages may attack with raw calls; every other crate goes through
+    // `ladle-os` (and `clippy.toml` keeps the raw calls it wraps out of their code).
+    let (meta, folder) = metadata();
+    let raw = ["libc", "rustix", "nix"];
+    let mut callers: Vec<String> = (meta["packages"].as_array().unwrap().iter())
+        .filter(|p| normal_dependencies(p).any(|name| raw.contains(&name)))
+        .map(|p| folder(p["manifest_path"].as_str().unwrap()))
+        .filter(|f| !matches!(f.as_str(), "tests" | "benches" | "fuzz"))
+        .collect();
+    callers.sort();
+    assert_eq!(callers, ["os"], "crates that depend on {raw:?} directly");
 }
