@@ -50,7 +50,7 @@ pub mod series;
 
 pub use series::{Rates, Rows, SchedulerView, Snapshot};
 
-use ladle_scheduler::protocol::{self as sched, Request, Response};
+use ladle_scheduler_protocol::{self as sched, Request, Response};
 
 /// How long a look waits for a feed's or the scheduler's answer.
 pub const LOOK_TIMEOUT: Duration = Duration::from_secs(2);

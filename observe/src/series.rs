@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use ladle_ring::protocol::FeedStats;
-use ladle_scheduler::job::JobState;
-use ladle_scheduler::protocol::{GpuView, JobTotals, JobView};
+use ladle_scheduler_protocol::job::JobState;
+use ladle_scheduler_protocol::{GpuView, JobTotals, JobView};
 use serde::{Deserialize, Serialize};
 
 /// What one look at a feed and/or a scheduler saw.

@@ -2,9 +2,9 @@
 //!
 //! Nothing here touches a process, a file or a GPU, so what a journal means is testable
 //! without any of them: [`Jobs::fold`] of a journal's records is the queue a restarted
-//! daemon starts from (before [`super::recover`] settles the attempts left open), and the
-//! running daemon changes its jobs only by journaling a record and applying the same
-//! record ([`Jobs::apply`]). A running attempt's process id lives in one place, its
+//! daemon starts from (before its recovery, in `ladle-scheduler`, settles the attempts left
+//! open), and the running daemon changes its jobs only by journaling a record and applying
+//! the same record ([`Jobs::apply`]). A running attempt's process id lives in one place, its
 //! [`Attempt`]; [`Job::state`] derives the protocol's [`JobState`] from it.
 //!
 //! ## Damaged lines: hold, never guess
@@ -24,11 +24,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::estimate::{Basis, Estimate, Families, family_key};
 use crate::job::{JobId, JobSpec, JobState};
-use crate::journal::{Damage, Entry, JobSnapshot, Outcome, Record, SnapshotStage};
+use crate::journal::{Damage, Entry, JobSnapshot, Outcome, Record, SnapshotHeader, SnapshotStage};
 
 /// One attempt of a job, as journaled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Attempt {
+pub struct Attempt {
     /// Attempt number, from 1.
     pub number: u32,
     /// GPU indices.
@@ -47,7 +47,7 @@ pub(super) struct Attempt {
 
 /// Where a job stands in the fold.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Stage {
+pub enum Stage {
     /// In the queue.
     Queued,
     /// An attempt is open (starting or running).
@@ -58,8 +58,10 @@ pub(super) enum Stage {
 
 /// One job.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Job {
+pub struct Job {
+    /// Its id.
     pub id: JobId,
+    /// What was asked.
     pub spec: JobSpec,
     /// Its family: `--family`, else [`family_key`] of its command.
     pub family: String,
@@ -71,6 +73,7 @@ pub(super) struct Job {
     pub attempts: u32,
     /// Out-of-memory requeues.
     pub oom_retries: u32,
+    /// Where it stands.
     pub stage: Stage,
     /// Unix time of the submission.
     pub submitted_at: f64,
@@ -86,7 +89,7 @@ pub(super) struct Job {
 
 impl Job {
     /// Its open attempt.
-    pub(super) fn attempt(&self) -> Option<&Attempt> {
+    pub fn attempt(&self) -> Option<&Attempt> {
         match &self.stage {
             Stage::Running(a) => Some(a),
             _ => None,
@@ -94,7 +97,7 @@ impl Job {
     }
 
     /// The protocol's view of where it stands.
-    pub(super) fn state(&self) -> JobState {
+    pub fn state(&self) -> JobState {
         match &self.stage {
             Stage::Queued if self.held.is_some() => JobState::Held {
                 reason: self.held.clone().unwrap_or_default(),
@@ -116,10 +119,14 @@ impl Job {
 
 /// The jobs, the queue (head first) and the peaks learned per family.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Jobs {
+pub struct Jobs {
+    /// Every job kept, by id.
     pub jobs: BTreeMap<JobId, Job>,
+    /// The queued jobs' ids, head first (held jobs are not in it).
     pub queue: VecDeque<JobId>,
+    /// The peaks learned per family.
     pub families: Families,
+    /// The next id to hand out.
     pub next_id: JobId,
     /// Queued jobs whose estimate is a guess take their family's measured peak as soon as
     /// one is journaled (the policy's learned estimates).
@@ -131,7 +138,7 @@ pub(super) struct Jobs {
 
 impl Jobs {
     /// No jobs; `learn`: whether queued guesses take their family's measured peak.
-    pub(super) fn new(learn: bool) -> Self {
+    pub fn new(learn: bool) -> Self {
         Self {
             next_id: 1,
             first_tail_id: 1,
@@ -141,8 +148,7 @@ impl Jobs {
     }
 
     /// The jobs `records` describe, in order.
-    #[cfg(test)]
-    pub(super) fn fold(learn: bool, records: impl IntoIterator<Item = Record>) -> Self {
+    pub fn fold(learn: bool, records: impl IntoIterator<Item = Record>) -> Self {
         let mut jobs = Self::new(learn);
         for record in records {
             jobs.apply(record);
@@ -151,7 +157,7 @@ impl Jobs {
     }
 
     /// Jobs with an open attempt.
-    pub(super) fn running(&self) -> impl Iterator<Item = (&Job, &Attempt)> {
+    pub fn running(&self) -> impl Iterator<Item = (&Job, &Attempt)> {
         self.jobs
             .values()
             .filter_map(|j| j.attempt().map(|a| (j, a)))
@@ -159,7 +165,7 @@ impl Jobs {
 
     /// The estimate a new job of `spec` gets: what it declares, else (when learning) its
     /// family's measured peak, else `guess_mib`.
-    pub(super) fn estimate_for(&self, spec: &JobSpec, guess_mib: u64) -> Estimate {
+    pub fn estimate_for(&self, spec: &JobSpec, guess_mib: u64) -> Estimate {
         let family = family_of(spec);
         if self.learn {
             self.families.estimate(&family, spec.gpu_mem_mib, guess_mib)
@@ -172,7 +178,7 @@ impl Jobs {
     /// ever appended by one daemon, so that would be a bug, not an input to act on).
     // Long (~165 lines) on purpose: one arm per kind of journal record, so that the fold reads
     // as the journal's grammar; each arm is a few lines of state change.
-    pub(super) fn apply(&mut self, record: Record) {
+    pub fn apply(&mut self, record: Record) {
         match record {
             Record::Submitted {
                 id,
@@ -343,7 +349,7 @@ impl Jobs {
     /// Folds a journal read back with its damaged lines in place, holding the jobs they
     /// may concern (see the module docs); `dir_arg` (e.g. ` --dir /state`) goes into the
     /// commands the hold reasons give. Returns the jobs and those held.
-    pub(super) fn replay(
+    pub fn replay(
         learn: bool,
         entries: impl IntoIterator<Item = Entry>,
         dir_arg: &str,
@@ -444,7 +450,7 @@ impl Jobs {
     /// The estimate admission uses for queued `job` now: an out-of-memory retry's own
     /// (from what its crashed attempt reached); otherwise, as for a new job, its declaration
     /// (checked against measured peaks), else its family's measured peak, else `guess_mib`.
-    pub(super) fn current_estimate(&self, job: &Job, guess_mib: u64) -> Estimate {
+    pub fn current_estimate(&self, job: &Job, guess_mib: u64) -> Estimate {
         if job.oom_retries > 0 {
             job.estimate
         } else {
@@ -476,13 +482,13 @@ fn placeholder(id: JobId, reason: String) -> Job {
 }
 
 /// A job's family: `--family`, else [`family_key`] of its command.
-pub(super) fn family_of(spec: &JobSpec) -> String {
+fn family_of(spec: &JobSpec) -> String {
     spec.family
         .clone()
         .unwrap_or_else(|| family_key(&spec.command))
 }
 
-/// Snapshot lines: the pure half of compaction ([`super::compact`] writes and reads them).
+/// Snapshot lines: the pure half of compaction (the daemon's compaction writes and reads them).
 impl Job {
     /// A kept job as its snapshot line rebuilds it.
     pub(crate) fn from_snapshot(s: JobSnapshot) -> Job {
@@ -563,6 +569,42 @@ impl Job {
             cpu_s: self.cpu_s,
             held: self.held.clone(),
         }
+    }
+}
+
+impl Jobs {
+    /// Forgets the finished jobs beyond the newest `keep` (by id); returns how many.
+    pub fn forget_finished(&mut self, keep: usize) -> usize {
+        let ended: Vec<JobId> = self
+            .jobs
+            .values()
+            .rev()
+            .filter(|j| matches!(j.stage, Stage::Ended(_)))
+            .map(|j| j.id)
+            .skip(keep)
+            .collect();
+        for id in &ended {
+            self.jobs.remove(id);
+        }
+        ended.len()
+    }
+
+    /// The records a compacted journal starts with: they fold back to these jobs.
+    pub fn snapshot(&self, at: f64) -> Vec<Record> {
+        let mut records = Vec::with_capacity(self.jobs.len() + 1);
+        records.push(Record::Snapshot(SnapshotHeader {
+            next_id: self.next_id,
+            queue: self.queue.iter().copied().collect(),
+            families: self.families.clone(),
+            jobs: self.jobs.len(),
+            at,
+        }));
+        records.extend(
+            self.jobs
+                .values()
+                .map(|j| Record::Job(Box::new(j.snapshot()))),
+        );
+        records
     }
 }
 

@@ -29,26 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::learned_estimate;
 
-/// Where an estimate comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Basis {
-    /// Stated by the user.
-    Declared,
-    /// Learned from a peak seen on the GPU (this job's family).
-    Measured,
-    /// The scheduler's default: nothing is known.
-    #[default]
-    Guess,
-}
-
-impl Basis {
-    /// Whether a memory limit may be derived from an estimate of this basis (declared or
-    /// measured, never a guess).
-    pub fn may_cap(self) -> bool {
-        !matches!(self, Self::Guess)
-    }
-}
+pub use ladle_scheduler_protocol::job::Basis;
 
 /// An estimate and its basis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

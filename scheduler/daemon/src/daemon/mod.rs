@@ -49,7 +49,7 @@
 //! An append that fails (a full disk) leaves nothing in the journal, and the request that
 //! needed it is answered with the error, which names the journal and the full disk; the
 //! daemon keeps serving. A torn last line is cut off with a warning naming its job and what
-//! was lost; a damaged line elsewhere holds the jobs it may concern (`state`'s module docs)
+//! was lost; a damaged line elsewhere holds the jobs it may concern ([`state`]'s module docs)
 //! with a warning giving the commands to look at them and release them (`ladle release`).
 //! The journal is compacted into a snapshot now and then, and finished jobs' files are
 //! pruned ([`Retention`], `compact`).
@@ -66,7 +66,8 @@
 //! is seen on its GPU plus [`SEEN_GRACE_S`] (at most the policy's `settle_s`).
 //!
 //! ## Layout
-//! - `state`: the jobs as a pure fold of journal records (no process, file or GPU);
+//! - [`state`] (`ladle-scheduler-core`'s): the jobs as a pure fold of journal records (no
+//!   process, file or GPU);
 //! - `server`: the socket (tokio on one thread: a connection cap, a deadline per request,
 //!   peer uid) and the requests; `answers`: the answers that could grow, built to fit a
 //!   frame;
@@ -87,7 +88,6 @@ mod hold;
 mod launch;
 mod recover;
 mod server;
-mod state;
 mod stop;
 mod telemetry;
 
@@ -108,6 +108,8 @@ use crate::sys;
 use crate::telemetry::{
     GpuInfo, GpuWindows, NoteLevel, NvmlOptions, NvmlTelemetry, SimGpus, Telemetry, TelemetryError,
 };
+// The jobs as a pure fold of journal records: `ladle-scheduler-core`'s.
+use ladle_scheduler_core::state;
 
 pub use self::compact::Retention;
 pub use self::config::{

@@ -1,7 +1,8 @@
-//! GPU telemetry behind one trait, two backends: [`nvml`] (a real GPU, through
-//! libnvidia-ml loaded at run time) and [`sim`] (simulated GPUs for tests, the daemon's
-//! `--gpu sim` mode and the trace simulator), plus [`dcgm`], the DCGM profiling metrics a
-//! GPU without GPM gets from a `dcgmi dmon` child process.
+//! GPU telemetry behind one trait, two backends: NVML (a real GPU, through libnvidia-ml
+//! loaded at run time: `ladle_scheduler::telemetry::nvml`, in the daemon's crate, which
+//! loads libraries and starts processes) and [`sim`] (simulated GPUs for tests, the daemon's
+//! `--gpu sim` mode and the trace simulator), plus DCGM (`ladle_scheduler::telemetry::dcgm`),
+//! the DCGM profiling metrics a GPU without GPM gets from a `dcgmi dmon` child process.
 //!
 //! The scheduler samples every GPU at 1 Hz and keeps the last 30 samples of each metric in a
 //! [`GpuWindows`]; admission reads the windows' risk scores, never a single sample.
@@ -44,237 +45,26 @@
 //! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` keyed by UUID on a machine with two or more GPUs,
 //!   a job on the second GPU (where an ordinal would be ambiguous), and whether `M` means
 //!   MiB or MB (allocate up to the limit and read where it fails).
-//! - An allocation ([`NvmlOptions::allocated`]) on a machine with several GPUs: an index
+//! - An allocation (`NvmlOptions::allocated`) on a machine with several GPUs: an index
 //!   keeps the GPU of that `/dev/nvidiaN` (minor number, not NVML's index), the kept GPUs are
 //!   sampled by their NVML index, and an MPS control daemon started with their UUIDs in
 //!   `CUDA_VISIBLE_DEVICES` serves clients that name them by UUID. The unit tests cover the
-//!   matching and the environment only; `scheduler/tests/daemon_slurm.rs` checks the UUID
+//!   matching and the environment only; `scheduler/daemon/tests/daemon_slurm.rs` checks the UUID
 //!   and device-file selection where a driver is present.
 //! - OOM markers from real TensorFlow and JAX jobs under an MPS limit (the verbatim texts in
 //!   the tests come from their issue trackers, not from runs on this machine).
 
-pub mod dcgm;
-pub mod nvml;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};
 
 use crate::window::Window;
 
-pub use self::nvml::{DcgmMode, NvmlOptions, NvmlTelemetry};
+pub use ladle_scheduler_protocol::gpu::{
+    CollocationNote, ComputeMode, ComputeSource, GpuInfo, NoteLevel, collocation_note,
+};
+
 pub use self::sim::{SimCall, SimGpuScenario, SimGpus, SimLoad, SimProcess, SimScenario};
-
-/// What the scheduler knows about one GPU that does not change while it runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuInfo {
-    /// Index as NVML (and `nvidia-smi`) number it. Under an allocation the backend's GPUs
-    /// are numbered `0..k` by position (what jobs' `gpus` name) and this stays NVML's.
-    pub index: u32,
-    /// `GPU-…` UUID, what a job gets in `CUDA_VISIBLE_DEVICES`.
-    pub uuid: String,
-    /// Product name.
-    pub name: String,
-    /// Total device memory in MiB.
-    pub memory_total_mib: u64,
-    /// Why this GPU cannot take jobs (compute mode Prohibited, MIG enabled); empty when it
-    /// can. ladle reports these and never changes the GPU's settings.
-    pub unsuitable: Vec<String>,
-    /// The compute mode NVML reports; `None` when the query failed (then
-    /// [`GpuInfo::collocation`] warns that it cannot tell).
-    #[serde(default)]
-    pub compute_mode: Option<ComputeMode>,
-    /// Where SM activity, SM occupancy and DRAM bandwidth come from on this GPU.
-    #[serde(default)]
-    pub compute_source: ComputeSource,
-    /// Why the compute screen is degraded (no GPM and no working DCGM), for the log and
-    /// `ladle queue`; `None` when it is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compute_source_note: Option<String>,
-}
-
-impl GpuInfo {
-    /// A GPU described by index, UUID, name and total memory, with nothing unsuitable, the
-    /// compute mode unknown and the compute screen degraded (utilisation only).
-    pub fn new(index: u32, uuid: String, name: String, memory_total_mib: u64) -> Self {
-        Self {
-            index,
-            uuid,
-            name,
-            memory_total_mib,
-            unsuitable: Vec::new(),
-            compute_mode: None,
-            compute_source: ComputeSource::UtilizationOnly,
-            compute_source_note: None,
-        }
-    }
-
-    /// Whether jobs can share this GPU, given whether an MPS control daemon serves it, and a
-    /// note for the log and `ladle queue` ([`collocation_note`]).
-    pub fn collocation(&self, mps_running: bool) -> CollocationNote {
-        collocation_note(self.compute_mode, mps_running)
-    }
-}
-
-/// A GPU's compute mode (`nvidia-smi -q`, "Compute Mode"; NVML `nvmlComputeMode_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComputeMode {
-    /// Several processes may hold a context on the GPU at once.
-    Default,
-    /// One context used by one thread (support removed from current drivers).
-    ExclusiveThread,
-    /// No process may create a context: no compute at all.
-    Prohibited,
-    /// One process may hold a context at a time (with MPS, that process is the MPS server).
-    ExclusiveProcess,
-}
-
-impl std::fmt::Display for ComputeMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Default => "Default",
-            Self::ExclusiveThread => "Exclusive_Thread",
-            Self::Prohibited => "Prohibited",
-            Self::ExclusiveProcess => "Exclusive_Process",
-        })
-    }
-}
-
-/// How serious a [`CollocationNote`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NoteLevel {
-    /// Worth logging at `info`.
-    Info,
-    /// Worth logging at `warn`: jobs will not share the GPU, or will share it badly.
-    Warning,
-}
-
-/// What a GPU's compute mode means for collocation ([`collocation_note`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CollocationNote {
-    /// Whether more than one job can run on the GPU at once.
-    pub collocation: bool,
-    /// The most jobs the GPU can run at once: `Some(0)` for no compute, `Some(1)` for one
-    /// process only, `None` for no limit from the compute mode (MPS's own client limit and
-    /// admission still apply).
-    pub max_jobs: Option<usize>,
-    /// How serious the note is.
-    pub level: NoteLevel,
-    /// The note, one sentence or two, naming the mode and what an administrator could do.
-    pub note: String,
-}
-
-/// What compute mode `mode` means for running several jobs on one GPU, given whether an MPS
-/// control daemon serves the GPU (ladle reports this and never changes the mode).
-///
-/// From NVIDIA's MPS documentation, "When to Use MPS", "Considerations" → "System
-/// Considerations" → "GPU Compute Modes"
-/// (<https://docs.nvidia.com/deploy/mps/latest/when-to-use-mps.html>): "Using MPS effectively
-/// causes EXCLUSIVE_PROCESS mode to behave like DEFAULT mode for all MPS clients", and "When
-/// using MPS it is recommended to use EXCLUSIVE_PROCESS mode to ensure that only a single MPS
-/// server is using the GPU"; "Exclusive-mode restrictions are applied to the MPS server, not
-/// MPS clients". Without MPS, EXCLUSIVE_PROCESS lets one process hold a context, so a second
-/// job fails to create one: collocation needs MPS there.
-pub fn collocation_note(mode: Option<ComputeMode>, mps_running: bool) -> CollocationNote {
-    let note = |collocation, max_jobs, level, text: &str| CollocationNote {
-        collocation,
-        max_jobs,
-        level,
-        note: text.to_owned(),
-    };
-    match (mode, mps_running) {
-        (Some(ComputeMode::Prohibited), _) => note(
-            false,
-            Some(0),
-            NoteLevel::Warning,
-            "compute mode is Prohibited: no process may create a CUDA context, so the GPU takes \
-             no jobs (an administrator can run `nvidia-smi -c DEFAULT` or `EXCLUSIVE_PROCESS`; \
-             ladle does not change it)",
-        ),
-        (Some(ComputeMode::ExclusiveThread), _) => note(
-            false,
-            Some(0),
-            NoteLevel::Warning,
-            "compute mode is Exclusive_Thread, which current drivers no longer support and MPS \
-             cannot share: the GPU takes no jobs (ladle does not change the mode)",
-        ),
-        (Some(ComputeMode::ExclusiveProcess), true) => note(
-            true,
-            None,
-            NoteLevel::Info,
-            "compute mode is Exclusive_Process with MPS, NVIDIA's recommended setting: the MPS \
-             server is the one process on the GPU and jobs share it as MPS clients",
-        ),
-        (Some(ComputeMode::ExclusiveProcess), false) => note(
-            false,
-            Some(1),
-            NoteLevel::Warning,
-            "compute mode is Exclusive_Process without MPS: one process may use the GPU, so it \
-             runs one job at a time (start MPS to share it, or ask an administrator for \
-             `nvidia-smi -c DEFAULT`)",
-        ),
-        (Some(ComputeMode::Default), true) => note(
-            true,
-            None,
-            NoteLevel::Info,
-            "compute mode is Default with MPS: jobs share the GPU as MPS clients; a process \
-             started outside MPS can still take its own context (NVIDIA recommends \
-             Exclusive_Process with MPS)",
-        ),
-        (Some(ComputeMode::Default), false) => note(
-            true,
-            None,
-            NoteLevel::Warning,
-            "compute mode is Default without MPS: jobs share the GPU by time-slicing, without \
-             MPS's concurrent kernels or per-job memory limits",
-        ),
-        (None, mps) => note(
-            true,
-            None,
-            NoteLevel::Warning,
-            if mps {
-                "compute mode unknown (NVML could not read it): assuming jobs can share the GPU \
-                 through MPS"
-            } else {
-                "compute mode unknown (NVML could not read it) and no MPS: if the GPU is \
-                 Exclusive_Process, a second job will fail to start"
-            },
-        ),
-    }
-}
-
-/// Where a GPU's SM activity, SM occupancy and DRAM bandwidth come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComputeSource {
-    /// NVML's GPU Performance Monitoring (Hopper and newer).
-    Gpm,
-    /// DCGM profiling fields 1002 (SM active), 1003 (SM occupancy), 1005 (DRAM active),
-    /// streamed by `dcgmi dmon` ([`dcgm`]).
-    Dcgm,
-    /// None: the compute screen is degraded, judging SM activity by NVML utilisation and
-    /// counting the unknown occupancy and bandwidth as high.
-    #[default]
-    UtilizationOnly,
-}
-
-impl ComputeSource {
-    /// Whether the compute screen is degraded (utilisation only).
-    pub fn is_degraded(self) -> bool {
-        self == Self::UtilizationOnly
-    }
-}
-
-impl std::fmt::Display for ComputeSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Gpm => "GPM",
-            Self::Dcgm => "DCGM",
-            Self::UtilizationOnly => "utilisation only (degraded)",
-        })
-    }
-}
 
 /// One GPU process's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,7 +106,7 @@ impl GpuProcess {
     }
 
     /// Whether this is another user's MPS server: its GPU is theirs under MPS until their
-    /// clients are gone, and a second user's MPS cannot share it ([`crate::mps`]).
+    /// clients are gone, and a second user's MPS cannot share it (`ladle_scheduler::mps`).
     pub fn is_other_users_mps_server(&self) -> bool {
         self.other_user && self.is_mps_server()
     }

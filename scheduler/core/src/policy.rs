@@ -106,9 +106,10 @@
 //!
 //! Memory arithmetic saturates: an estimate of any size (up to `u64::MAX`) fails the memory
 //! screen of every busy GPU and fills a GPU's reservations, and never wraps around into a
-//! small number. (The daemon's socket refuses sizes above [`crate::units::MAX_MIB`] before
-//! they get here; the engine does not rely on that.) An estimate beyond a GPU's size still
-//! fits that GPU when it is idle and all free: a job alone on its GPUs may use all of them.
+//! small number. (The daemon's socket refuses sizes above
+//! [`MAX_MIB`](ladle_scheduler_protocol::units::MAX_MIB) before they get here; the engine
+//! does not rely on that.) An estimate beyond a GPU's size still fits that GPU when it is
+//! idle and all free: a job alone on its GPUs may use all of them.
 
 use std::collections::BTreeSet;
 

@@ -3,9 +3,10 @@
 //! [`GpuSelector`]s, and [`given_gpus`] / [`allocation_from_env`], which read them from the
 //! environment.
 //!
-//! The daemon never reads the environment itself ([`crate::daemon::DaemonConfig::allocated`]
-//! is its caller's choice): `ladle scheduler` and `ladle sweep` call [`given_gpus`] unless
-//! `--only-gpus` is given, a node of `ladle sweep --slurm` [`allocation_from_env`].
+//! The daemon never reads the environment itself (its `DaemonConfig::allocated`, in
+//! `ladle-scheduler`, is its caller's choice): `ladle scheduler` and `ladle sweep` call
+//! [`given_gpus`] unless `--only-gpus` is given, a node of `ladle sweep --slurm`
+//! [`allocation_from_env`].
 //!
 //! ## Naming a GPU
 //! - [`GpuSelector::Uuid`]: `GPU-…`, one GPU on any machine and under any renumbering.

@@ -1,5 +1,5 @@
 //! Reading a journal back: each line a [`Record`], or a [`Damage`] the daemon works around
-//! instead of guessing (see [`super::Journal::replay`]).
+//! instead of guessing (the daemon's `Journal::replay` reads its file with [`parse`]).
 
 use crate::job::JobId;
 
@@ -117,7 +117,9 @@ fn read_head(text: &[u8]) -> (Option<String>, Option<JobId>) {
 
 /// A journal's bytes, read back.
 #[derive(Debug, Default)]
-pub(super) struct Parsed {
+#[non_exhaustive]
+pub struct Parsed {
+    /// Every complete line, in order: records, and damaged lines in their place.
     pub entries: Vec<Entry>,
     /// Bytes up to the end of the last complete line.
     pub good_len: usize,
@@ -128,7 +130,7 @@ pub(super) struct Parsed {
 /// Reads every line of `bytes`. A complete line that does not parse is a [`Damage`]; when a
 /// record that parses follows its damaged start on the same line (a fragment left by a
 /// failed write, then the next record), that record is kept after the damage.
-pub(super) fn parse(bytes: &[u8]) -> Parsed {
+pub fn parse(bytes: &[u8]) -> Parsed {
     let mut parsed = Parsed::default();
     let mut start = 0usize;
     let mut line_no = 0usize;

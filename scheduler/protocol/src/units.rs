@@ -4,7 +4,7 @@
 /// The largest memory size ladle accepts anywhere, MiB: 16 TiB. Far above any GPU's memory
 /// (80–141 GiB today) and far below the point where sums of sizes could overflow `u64`, so a
 /// size that passes this bound is a plausible one. [`parse_mib`], the scheduler's socket
-/// ([`crate::protocol::Request::validate`]) and trace files ([`crate::sim::trace`]) all
+/// ([`crate::Request::validate`]) and trace files (`ladle_scheduler_core::sim::trace`) all
 /// refuse larger sizes.
 pub const MAX_MIB: u64 = 16 << 20;
 
@@ -42,7 +42,7 @@ pub enum SizeError {
 /// 1024; decimal units (`KB`, `MB`, `GB`, `TB`) powers of 1000.
 ///
 /// ```
-/// use ladle_scheduler::units::parse_mib;
+/// use ladle_scheduler_protocol::units::parse_mib;
 /// assert_eq!(parse_mib("6GiB").unwrap(), 6144);
 /// assert_eq!(parse_mib("1.5G").unwrap(), 1536);
 /// assert_eq!(parse_mib("512").unwrap(), 512);

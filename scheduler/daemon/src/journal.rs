@@ -23,170 +23,16 @@
 //! synced, renamed over the journal, and the directory synced. A crash (`kill -9`) at any
 //! point leaves either the old journal or the new one, each whole, and both replay to the
 //! same jobs. A leftover `PATH.compact` is removed when the journal is opened.
-
-mod replay;
-mod snapshot;
+//!
+//! The records and the reading of a journal's bytes are `ladle-scheduler-core`'s
+//! [`journal`](ladle_scheduler_core::journal), re-exported here; this module is the file.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use crate::estimate::Basis;
-use crate::job::{JobId, JobSpec};
-
-pub use self::replay::{Damage, Entry};
-pub use self::snapshot::{JobSnapshot, SnapshotHeader, SnapshotStage};
-
-/// How one attempt ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Exit status 0.
-    Succeeded,
-    /// Any other exit.
-    Failed,
-    /// A CUDA out-of-memory exit.
-    OutOfMemory,
-    /// Ended by `ladle cancel`.
-    Cancelled,
-    /// The process vanished while the daemon was down, exit status unknown; or the daemon
-    /// took it down when it stopped (`DaemonConfig::stop_jobs`). Not run again.
-    Interrupted,
-}
-
-/// One journal line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Record {
-    /// A job entered the queue.
-    Submitted {
-        /// Job id.
-        id: JobId,
-        /// What was asked.
-        spec: JobSpec,
-        /// Its memory estimate per GPU, MiB.
-        estimate_mib: u64,
-        /// Where the estimate comes from (journals from before bases read as a guess
-        /// unless the spec declares memory).
-        #[serde(default)]
-        basis: Basis,
-        /// Unix time, s.
-        at: f64,
-    },
-    /// The daemon is about to start an attempt (written before the process exists).
-    Starting {
-        /// Job id.
-        id: JobId,
-        /// Attempt number, from 1.
-        attempt: u32,
-        /// GPU indices.
-        gpus: Vec<u32>,
-        /// MPS memory limit per GPU, MiB.
-        limit_mib: Option<u64>,
-        /// The estimate it was placed with (reserved for it until it is measured), MiB.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        estimate_mib: Option<u64>,
-        /// Nobody joins it on these GPUs for as long as it runs.
-        #[serde(default)]
-        exclusive: bool,
-        /// Nobody joins it on these GPUs until it is measured.
-        #[serde(default)]
-        until_measured: bool,
-    },
-    /// The attempt's process exists.
-    Started {
-        /// Job id.
-        id: JobId,
-        /// Attempt number.
-        attempt: u32,
-        /// Process id (and process group id) of the attempt.
-        pid: u32,
-        /// Its start time in clock ticks since boot, to tell it from a recycled pid.
-        start_ticks: u64,
-    },
-    /// A running attempt's peak memory was measured (it ran long enough on its GPUs for
-    /// the peak to count; see the policy's `measure_s`).
-    Measured {
-        /// Job id.
-        id: JobId,
-        /// Attempt number.
-        attempt: u32,
-        /// Peak device memory per GPU, MiB.
-        peak_mib: u64,
-    },
-    /// An attempt ended.
-    Finished {
-        /// Job id.
-        id: JobId,
-        /// Attempt number.
-        attempt: u32,
-        /// How.
-        outcome: Outcome,
-        /// Exit code, when there was one.
-        code: Option<i32>,
-        /// Observed peak device memory per GPU, MiB.
-        peak_mib: Option<u64>,
-        /// What happened, for people.
-        reason: String,
-        /// CPU seconds of the attempt, its own and its waited-for children's (`wait4`),
-        /// when the scheduler reaped it (not for one that ended while the scheduler was
-        /// down).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cpu_s: Option<f64>,
-    },
-    /// The job goes back to the head of the queue.
-    Requeued {
-        /// Job id.
-        id: JobId,
-        /// New estimate, MiB.
-        estimate_mib: u64,
-        /// Its new basis (`None`: unchanged).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        basis: Option<Basis>,
-        /// Whether it must run alone (out-of-memory retries).
-        exclusive: bool,
-        /// Whether this requeue follows an out-of-memory exit (it counts against the retry
-        /// limit).
-        out_of_memory: bool,
-    },
-    /// Cancelled while queued (or held).
-    Cancelled {
-        /// Job id.
-        id: JobId,
-    },
-    /// A held job goes back to the queue (`ladle release`).
-    Released {
-        /// Job id.
-        id: JobId,
-    },
-    /// The first line of a compacted journal.
-    Snapshot(SnapshotHeader),
-    /// One job a compaction kept (after the [`Record::Snapshot`] line).
-    Job(Box<JobSnapshot>),
-}
-
-impl Record {
-    /// The job the record is about (every record but the snapshot header names one).
-    pub fn job_id(&self) -> Option<JobId> {
-        match self {
-            Self::Submitted { id, .. }
-            | Self::Starting { id, .. }
-            | Self::Started { id, .. }
-            | Self::Measured { id, .. }
-            | Self::Finished { id, .. }
-            | Self::Requeued { id, .. }
-            | Self::Cancelled { id }
-            | Self::Released { id } => Some(*id),
-            Self::Job(job) => Some(job.id),
-            Self::Snapshot(_) => None,
-        }
-    }
-}
+pub use ladle_scheduler_core::journal::*;
 
 /// A journal that could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -295,7 +141,9 @@ impl Journal {
             .into_iter()
             .filter_map(|e| match e {
                 Entry::Record(r) => Some(r),
-                Entry::Damaged(_) => None,
+                // `Entry::Damaged`: none here (strict), and `Entry` is the core's, not
+                // exhaustive outside it.
+                _ => None,
             })
             .collect();
         Ok((journal, records))
@@ -333,7 +181,7 @@ impl Journal {
         file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(io_err)?;
         let bytes = std::fs::read(path).map_err(io_err)?;
-        let parsed = replay::parse(&bytes);
+        let parsed = parse(&bytes);
         if strict
             && let Some(Entry::Damaged(d)) = parsed
                 .entries
@@ -505,6 +353,8 @@ fn compact_path(journal: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimate::Basis;
+    use crate::job::JobSpec;
 
     fn spec() -> JobSpec {
         JobSpec {

@@ -1,4 +1,6 @@
-//! Trace files: one job per CSV row.
+//! Trace files: one job per CSV row. Here the text ([`parse`], [`format`](fn@format)) and
+//! the errors that name a file ([`TraceError`]); the file is read and written by
+//! `ladle_scheduler::sim::trace::{read, write}` (the daemon's crate keeps the file I/O).
 //!
 //! ```text
 //! job_id,submit_s,duration_s,mem_mib,sm_activity,gpus[,feed][,declared][,family]
@@ -40,7 +42,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::units::MAX_MIB;
+use ladle_scheduler_protocol::units::MAX_MIB;
 
 /// Latest arrival a trace may state, seconds from its start (about 32 years).
 pub const MAX_SUBMIT_S: f64 = 1e9;
@@ -221,32 +223,6 @@ pub enum TraceError {
 /// The header row.
 pub const HEADER: &str = "job_id,submit_s,duration_s,mem_mib,sm_activity,gpus";
 
-/// Reads a trace file.
-///
-/// # Errors
-/// [`TraceError`] naming the file and line.
-pub fn read(path: &Path) -> Result<Vec<TraceJob>, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse(&text).map_err(|e| match e {
-        ParseError::Header(found) => TraceError::Header {
-            path: path.to_owned(),
-            expected: HEADER,
-            found,
-        },
-        ParseError::Row(line, reason) => TraceError::Row {
-            path: path.to_owned(),
-            line,
-            reason,
-        },
-        ParseError::Empty => TraceError::Empty {
-            path: path.to_owned(),
-        },
-    })
-}
-
 /// Why a trace text did not parse (the file-free half of [`TraceError`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -257,6 +233,27 @@ pub enum ParseError {
     Row(usize, String),
     /// No rows.
     Empty,
+}
+
+impl ParseError {
+    /// This error as the trace file at `path` has it, naming the file.
+    pub fn in_file(self, path: &Path) -> TraceError {
+        match self {
+            Self::Header(found) => TraceError::Header {
+                path: path.to_owned(),
+                expected: HEADER,
+                found,
+            },
+            Self::Row(line, reason) => TraceError::Row {
+                path: path.to_owned(),
+                line,
+                reason,
+            },
+            Self::Empty => TraceError::Empty {
+                path: path.to_owned(),
+            },
+        }
+    }
 }
 
 /// Parses trace text (see the module docs for the format). Blank lines and lines starting
@@ -379,17 +376,6 @@ pub fn format(jobs: &[TraceJob]) -> String {
     out
 }
 
-/// Writes jobs to a trace file.
-///
-/// # Errors
-/// [`TraceError::Io`].
-pub fn write(path: &Path, jobs: &[TraceJob]) -> Result<(), TraceError> {
-    std::fs::write(path, format(jobs)).map_err(|source| TraceError::Io {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,29 +447,6 @@ mod tests {
         assert!(matches!(parse(&text), Err(ParseError::Row(2, _))));
         assert!(matches!(parse("a,b\n"), Err(ParseError::Header(_))));
         assert_eq!(parse(&format!("{HEADER}\n")), Err(ParseError::Empty));
-    }
-
-    #[test]
-    fn a_submit_time_of_1e300_is_refused_naming_the_file_line_and_job() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("far.csv");
-        std::fs::write(
-            &path,
-            format!("{HEADER}\nj1,0,10,100,0.5,1\nfar,1e300,10,100,0.5,1\n"),
-        )
-        .unwrap();
-        let e = read(&path).unwrap_err();
-        assert!(matches!(e, TraceError::Row { line: 3, .. }), "{e:?}");
-        let message = e.to_string();
-        for needle in [
-            "far.csv",
-            "line 3",
-            "\"far\"",
-            "submit_s 1e300",
-            "(0 to 1e9 s)",
-        ] {
-            assert!(message.contains(needle), "{needle:?} not in {message:?}");
-        }
     }
 
     #[test]

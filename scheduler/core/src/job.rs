@@ -1,119 +1,9 @@
-//! Jobs: what a user submits, the states a job goes through, and how a finished job's
-//! exit is read (success, failure, or out of memory).
-
-use std::path::PathBuf;
+//! Jobs: what a user submits and the states a job goes through (the protocol's types,
+//! re-exported), and how a finished job's exit is read (success, failure, or out of memory).
 
 use serde::{Deserialize, Serialize};
 
-/// A job's number, unique for the life of a scheduler directory.
-pub type JobId = u64;
-
-/// What `ladle submit` asks for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobSpec {
-    /// Program and arguments (run directly, not through a shell).
-    pub command: Vec<String>,
-    /// Working directory.
-    pub cwd: PathBuf,
-    /// Device memory per GPU, MiB, if the user states it.
-    pub gpu_mem_mib: Option<u64>,
-    /// GPUs needed.
-    pub gpus: u32,
-    /// The producer feed this job consumes.
-    pub feed: Option<String>,
-    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` for the job, if asked.
-    pub thread_percentage: Option<u32>,
-    /// Extra environment variables for the job's process (`ladle sweep` gives each run
-    /// `LADLE_SOCKET` and `LADLE_RUN`). Names are non-empty without `=` or NUL; values
-    /// without NUL ([`crate::protocol::Request::validate`]).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<(String, String)>,
-    /// `env` is the submitter's whole environment (`ladle submit --export ALL`, the default,
-    /// as `sbatch --export=ALL`): the job gets it and nothing of the scheduler's own. `false`:
-    /// the scheduler's environment plus `env` (`--export NONE` or a list of names). Journaled
-    /// with the job, so a job started after a scheduler restart gets it too. Ladle's own
-    /// variables (the GPUs', MPS's, `LADLE_JOB_*`) are set on top either way.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub whole_env: bool,
-    /// CPU cores the job keeps busy itself (a run with its own DataLoader workers, say): it
-    /// is held while registered feeds' decode threads and running jobs' cores leave fewer
-    /// free. A consumer of a feed states none: its decoding is the feed's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<u32>,
-    /// The family whose measured peak this job shares (`--family`); without it, the
-    /// command up to its arguments' values ([`crate::estimate::family_key`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub family: Option<String>,
-}
-
-impl JobSpec {
-    /// `command` run in `cwd` on one GPU, nothing else stated (no memory, feed, cores or
-    /// family; the scheduler's environment only).
-    pub fn new(command: Vec<String>, cwd: PathBuf) -> Self {
-        Self {
-            command,
-            cwd,
-            gpu_mem_mib: None,
-            gpus: 1,
-            feed: None,
-            thread_percentage: None,
-            env: Vec::new(),
-            whole_env: false,
-            cpus: None,
-            family: None,
-        }
-    }
-}
-
-/// Where a job stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum JobState {
-    /// Waiting for admission.
-    Queued,
-    /// Running (or being started) on these GPUs.
-    Running {
-        /// GPU indices.
-        gpus: Vec<u32>,
-        /// Process id of the job's process group leader, once known.
-        pid: Option<u32>,
-        /// The attempt number (1 for the first run).
-        attempt: u32,
-    },
-    /// Exited with status 0.
-    Succeeded,
-    /// Exited otherwise, and is not retried.
-    Failed {
-        /// Why.
-        reason: String,
-    },
-    /// Cancelled by `ladle cancel`.
-    Cancelled,
-    /// Its process vanished while the scheduler was down, with no exit status recorded, or
-    /// the scheduler stopped it when it stopped itself (`DaemonConfig::stop_jobs`): it ran
-    /// (at least partly) and is not run again.
-    Interrupted {
-        /// What is known.
-        reason: String,
-    },
-    /// Held: a damaged journal line may concern it, so the scheduler neither starts it nor
-    /// guesses; `ladle release` queues it, `ladle cancel` drops it.
-    Held {
-        /// Why, and the commands to look at it and release it.
-        reason: String,
-    },
-}
-
-impl JobState {
-    /// Whether the job will not run again.
-    pub fn is_final(&self) -> bool {
-        !matches!(
-            self,
-            Self::Queued | Self::Running { .. } | Self::Held { .. }
-        )
-    }
-}
+pub use ladle_scheduler_protocol::job::{JobId, JobSpec, JobState};
 
 /// Text in a job's stderr that marks a GPU out-of-memory failure, whatever the line around it
 /// (the lines with a framework's wording that needs context are in [`out_of_memory_evidence`]).
@@ -387,17 +277,5 @@ with:\n\tstatus = StatusCode.RESOURCE_EXHAUSTED\n\tdetails = \"Received message 
             Some(1),
             "Error: 8 RESOURCE_EXHAUSTED: Received message larger than max (2065853043 vs 67108864)"
         ));
-    }
-
-    #[test]
-    fn final_states_are_final() {
-        assert!(!JobState::Queued.is_final());
-        assert!(JobState::Succeeded.is_final());
-        assert!(
-            JobState::Interrupted {
-                reason: String::new()
-            }
-            .is_final()
-        );
     }
 }

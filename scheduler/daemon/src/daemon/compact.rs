@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::job::JobId;
-use crate::journal::{Record, SnapshotHeader};
 
-use super::state::{Jobs, Stage};
+use super::state::Stage;
 use super::{Daemon, now_unix};
 
 /// How much history the daemon keeps (see the module docs).
@@ -72,42 +71,6 @@ impl Housekeeping {
             failed_at: None,
             pruning: None,
         }
-    }
-}
-
-impl Jobs {
-    /// Forgets the finished jobs beyond the newest `keep` (by id); returns how many.
-    pub(super) fn forget_finished(&mut self, keep: usize) -> usize {
-        let ended: Vec<JobId> = self
-            .jobs
-            .values()
-            .rev()
-            .filter(|j| matches!(j.stage, Stage::Ended(_)))
-            .map(|j| j.id)
-            .skip(keep)
-            .collect();
-        for id in &ended {
-            self.jobs.remove(id);
-        }
-        ended.len()
-    }
-
-    /// The records a compacted journal starts with: they fold back to these jobs.
-    pub(super) fn snapshot(&self, at: f64) -> Vec<Record> {
-        let mut records = Vec::with_capacity(self.jobs.len() + 1);
-        records.push(Record::Snapshot(SnapshotHeader {
-            next_id: self.next_id,
-            queue: self.queue.iter().copied().collect(),
-            families: self.families.clone(),
-            jobs: self.jobs.len(),
-            at,
-        }));
-        records.extend(
-            self.jobs
-                .values()
-                .map(|j| Record::Job(Box::new(j.snapshot()))),
-        );
-        records
     }
 }
 
@@ -272,7 +235,8 @@ mod tests {
     use super::*;
     use crate::estimate::Basis;
     use crate::job::{JobSpec, JobState};
-    use crate::journal::{CompactStep, Damage, Entry, Journal, Outcome};
+    use crate::journal::{CompactStep, Damage, Entry, Journal, Outcome, Record};
+    use ladle_scheduler_core::state::Jobs;
 
     fn submitted(id: JobId) -> Record {
         Record::Submitted {
