@@ -67,6 +67,5 @@ unsafe impl GlobalAlloc for CountingAlloc {
 /// CPU time the calling thread has used: a consumer's own cost, without the time the OS
 /// gave the producer's threads on the same cores.
 pub fn thread_cpu() -> std::time::Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    ladle_os::clock::thread_cpu()
 }

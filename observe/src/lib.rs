@@ -325,6 +325,7 @@ mod tests {
         let mut producers = Vec::new();
         for k in 0..FEEDS {
             let path = dir.path().join(format!("f{k}.sock"));
+            #[allow(clippy::disallowed_methods)] // a fake feed, in a fresh directory
             let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
             sockets.feeds.push((format!("f{k}"), path));
             let asked = asked.clone();

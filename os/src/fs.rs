@@ -34,6 +34,11 @@ pub fn is_transient(error: &io::Error) -> bool {
         )
 }
 
+/// Whether `error` says the disk (or the user's quota on it) is full: `ENOSPC`, `EDQUOT`.
+pub fn is_disk_full(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
 /// The error "too many open files" (`EMFILE`), as the OS reports it: for tests of the paths
 /// that must treat it as transient.
 pub fn too_many_open_files() -> io::Error {
@@ -50,6 +55,9 @@ mod tests {
         assert!(is_transient(&io::Error::from_raw_os_error(libc::EINTR)));
         assert!(!is_transient(&io::Error::from_raw_os_error(libc::ENOENT)));
         assert!(!is_transient(&io::ErrorKind::InvalidData.into()));
+        assert!(is_disk_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
+        assert!(is_disk_full(&io::Error::from_raw_os_error(libc::EDQUOT)));
+        assert!(!is_disk_full(&too_many_open_files()));
     }
 
     #[test]

@@ -84,15 +84,23 @@ impl ProcessId {
         kill_raw(self.pid, signal)
     }
 
-    /// Sends `signal` to the process group this process leads, if it is still this process
-    /// (a group outlives its leader's pid only while the leader is unreaped). `Ok(false)`:
-    /// the leader is gone, nothing sent.
+    /// Sends `signal` to the process group this process leads (its id is the leader's pid):
+    /// while the leader is still this process, or once no process holds its pid and the group
+    /// still has a live member (the leader was reaped, its children run on: no other group
+    /// can have that id while no process has that pid). `Ok(false)`: nothing sent (the pid is
+    /// another process's now, or the group is gone).
     pub fn signal_group(&self, signal: Signal) -> io::Result<bool> {
-        if !self.exists() {
-            return Ok(false);
+        match stat(self.pid) {
+            Some(s) if s.start_ticks == self.start_ticks => {}
+            Some(_) => return Ok(false),
+            None if group_alive(self.pid) => {}
+            None => return Ok(false),
         }
-        signal_group_raw(self.pid, signal)?;
-        Ok(true)
+        match rustix::process::kill_process_group(pid_of(self.pid)?, signal) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::SRCH) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -114,14 +122,6 @@ fn pid_of(pid: u32) -> io::Result<rustix::process::Pid> {
         .ok()
         .and_then(rustix::process::Pid::from_raw)
         .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
-/// Sends `signal` to process group `pgid` by its number alone. Only for a group whose leader
-/// the caller started and has not reaped (its number cannot be reused meanwhile); any other
-/// goes through [`ProcessId::signal_group`].
-pub fn signal_group_raw(pgid: u32, signal: Signal) -> io::Result<()> {
-    rustix::process::kill_process_group(pid_of(pgid)?, signal)?;
-    Ok(())
 }
 
 /// The start time of process `pid` in clock ticks since boot (field 22 of `/proc/PID/stat`),
@@ -265,15 +265,14 @@ mod tests {
         let id = ProcessId::of(child.id()).unwrap();
         child.wait().unwrap();
         assert!(!alive(id.pid) && !id.exists());
-        assert_eq!(id.signal(Signal::KILL).unwrap(), false);
+        assert!(!id.signal(Signal::KILL).unwrap());
         // The same pid with another start time (what a recycled pid looks like) is not it.
         let me = ProcessId::of(std::process::id()).unwrap();
         let other = ProcessId::new(me.pid, me.start_ticks + 1);
         assert!(!other.exists());
-        assert_eq!(other.signal(Signal::KILL).unwrap(), false);
-        assert_eq!(
-            me.signal(Signal::KILL).unwrap(),
-            false,
+        assert!(!other.signal(Signal::KILL).unwrap());
+        assert!(
+            !me.signal(Signal::KILL).unwrap(),
             "never the calling process"
         );
     }
@@ -294,6 +293,35 @@ mod tests {
             !leader.signal_group(Signal::KILL).unwrap(),
             "reaped: nothing sent"
         );
+    }
+
+    #[test]
+    fn a_group_whose_leader_was_reaped_is_still_signalled_while_its_children_run() {
+        // The leader starts a child in its group and exits; the child runs on.
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", "sleep 600 >/dev/null & echo $!"])
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let id = ProcessId::of(leader.id()).unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(leader.stdout.as_mut().unwrap(), &mut out).unwrap();
+        leader.wait().unwrap();
+        let child: u32 = out.trim().parse().unwrap();
+        assert!(alive(child) && !id.exists() && group_alive(id.pid));
+        assert!(
+            id.signal_group(Signal::KILL).unwrap(),
+            "the orphaned group is signalled"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while group_alive(id.pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child outlived SIGKILL"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     #[test]

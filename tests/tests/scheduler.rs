@@ -235,6 +235,40 @@ fn a_cancel_gives_a_running_job_the_grace_it_asks_for_then_sigkill() {
 }
 
 #[test]
+fn a_second_cancel_shortens_the_grace_of_the_first_and_never_stretches_it() {
+    // A sweep's second Ctrl-C asks the scheduler to kill its runs now (`grace_s` 0) instead
+    // of signalling them itself; before protocol version 8 the first grace stood.
+    let mut s = Scheduler::start(1, &[]);
+    let dir = s.dir_arg();
+    let (ready, term, done) = (s.file("ready"), s.file("term"), s.file("done"));
+    let script = format!(
+        "trap 'touch {term}; sleep 600; touch {done}; exit 0' TERM; touch {ready}; \
+         while :; do sleep 0.1; done"
+    );
+    let id = s.submit(&[], &script);
+    wait_until("the job is ready", GUARD, || {
+        Ok(Path::new(&ready).exists().then_some(()))
+    });
+    let cancel = |s: &mut Scheduler, grace: &str| {
+        let done = s.fx.run(
+            &["cancel", "--dir", &dir, &id.to_string(), "--grace", grace],
+            GUARD,
+        );
+        assert!(done.status.success(), "{}", done.stderr);
+    };
+    cancel(&mut s, "600");
+    wait_until("the job got SIGTERM", GUARD, || {
+        Ok(Path::new(&term).exists().then_some(()))
+    });
+    cancel(&mut s, "0");
+    s.wait_for(id, &["cancelled"]);
+    assert!(
+        !Path::new(&done).exists(),
+        "the job finished its 600 s checkpoint: the second cancel did not shorten the grace"
+    );
+}
+
+#[test]
 fn the_socket_is_private_and_garbage_on_it_gets_an_error_not_a_crash() {
     let mut s = Scheduler::start(1, &[]);
     let socket = s.dir().join("scheduler.sock");

@@ -375,11 +375,7 @@ fn ctrl_c_on_the_submitting_side_leaves_the_job_running_or_with_cancel_on_exit_c
     let mut fx = Fixture::new();
     let data = fx.dataset(60, 32, 32);
     let interrupt = |sweep: &mut Proc| {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(sweep.pid() as i32).unwrap(),
-            rustix::process::Signal::INT,
-        )
-        .unwrap();
+        sweep.signal(ladle_os::Signal::INT).unwrap();
         sweep.wait_timeout(GUARD).unwrap();
         sweep.output().unwrap()
     };

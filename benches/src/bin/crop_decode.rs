@@ -18,8 +18,7 @@ use ladle_datasets::transforms::{Transformer, Transforms};
 
 /// This thread's CPU time in seconds.
 fn cpu_s() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    ladle_os::clock::thread_cpu().as_secs_f64()
 }
 
 /// µs of CPU per file for `passes` passes of `step` over `files`.

@@ -75,10 +75,7 @@ pub enum JournalError {
 
 impl JournalError {
     fn io(path: &Path, source: io::Error) -> Self {
-        let full = [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT]
-            .iter()
-            .any(|e| source.raw_os_error() == Some(e.raw_os_error()));
-        if full {
+        if ladle_os::fs::is_disk_full(&source) {
             Self::DiskFull {
                 path: path.to_owned(),
                 source,

@@ -200,6 +200,7 @@ fn an_allocation_of_simulated_gpus_schedules_one_gpu_per_allocated_gpu() {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods)] // probes the group raw: is any process left in it?
 fn a_stopping_daemon_sends_its_jobs_sigterm_and_waits_for_them_to_end() {
     let mut d = TestDaemon::start(|c, _| c.stop_jobs = Some(HANG));
     let id =
@@ -250,7 +251,8 @@ fn without_stop_jobs_a_stopping_daemon_leaves_its_jobs_running() {
     let pgid = d.wait_running_and_printed(id, "ready");
     d.stop();
     assert!(sys::group_alive(pgid), "the job should outlive the daemon");
-    sys::signal_group(pgid, rustix::process::Signal::KILL).unwrap();
+    let leader = sys::ProcessId::of(pgid).expect("the job's leader runs");
+    assert!(leader.signal_group(sys::Signal::KILL).unwrap());
 }
 
 /// NVML when this machine has a driver: the GPUs an allocation names by device file or UUID

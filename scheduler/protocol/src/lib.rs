@@ -63,7 +63,7 @@ use crate::job::{Basis, JobId, JobSpec, JobState};
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 
 /// The most a submitted job's environment may hold, bytes (names, values and a separator and
 /// terminator each): 128 KiB, about Linux's own limit on one variable and far above a

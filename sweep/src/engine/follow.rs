@@ -197,7 +197,7 @@ pub(super) fn follow(
         }
         let overdue = cancelled_at.is_some_and(|at| at.elapsed() > stop_grace);
         if hurry.load(Ordering::SeqCst) || overdue {
-            kill_runs(runs);
+            kill_runs(scheduler, runs);
             if cancelled_at.is_some_and(|at| at.elapsed() > stop_grace * 2 + POLL * 4) {
                 break; // the scheduler does not see them end; give up waiting
             }

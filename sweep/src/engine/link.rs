@@ -139,24 +139,22 @@ impl Drop for Scheduler {
     }
 }
 
-/// Cancels every run not ended (best effort: on a path that ends the sweep with an error) and
-/// kills the process groups of those it knows to be running.
+/// Cancels every run not ended at once (best effort: on a path that ends the sweep with an
+/// error).
 pub(super) fn cancel_all(scheduler: &Scheduler, runs: &[Run]) {
+    kill_runs(scheduler, runs);
+}
+
+/// Asks the scheduler to kill every run still running now (the second Ctrl-C, or a grace
+/// overrun): a cancel with no grace, which shortens one already under way. The scheduler,
+/// which started the runs and knows each by its pid and start time, sends the signals; the
+/// sweep never signals a process by a pid it was told earlier.
+pub(super) fn kill_runs(scheduler: &Scheduler, runs: &[Run]) {
     for run in runs.iter().filter(|r| r.ended.is_none()) {
         let cancel = Request::Cancel {
             id: run.id,
-            grace_s: None,
+            grace_s: Some(0.0),
         };
         let _ = scheduler.request(&cancel, "cancelling");
-    }
-    kill_runs(runs);
-}
-
-/// Kills the process group of every run still running (the second Ctrl-C).
-pub(super) fn kill_runs(runs: &[Run]) {
-    for run in runs.iter().filter(|r| r.ended.is_none()) {
-        if let Some(pid) = run.pid {
-            let _ = ladle_scheduler::sys::signal_group(pid, rustix::process::Signal::KILL);
-        }
     }
 }

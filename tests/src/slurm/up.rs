@@ -209,10 +209,8 @@ impl Running {
         // SIGTERM first, so that slurmctld reaps its slurmscriptd; then SIGKILL. The daemons
         // are still our unreaped children: their pids cannot have been reused.
         for (_, child) in &self.daemons {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                    let _ = rustix::process::kill_process(pid, Signal::TERM);
-                }
+            if let Some(daemon) = ladle_os::process::ProcessId::of(child.id()) {
+                let _ = daemon.signal(Signal::TERM);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -336,18 +334,12 @@ pub(super) fn register_stop_at_exit() {
 pub(super) fn hold_instance_lock(instance: u16) -> Result<(), SlurmError> {
     static LOCK: OnceLock<fs::File> = OnceLock::new();
     let path = format!("/tmp/ladle-slurm-harness-{instance}.lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| setup(format!("cannot open {path}: {e}")))?;
     let deadline = Instant::now() + INSTANCE_LOCK_TIMEOUT;
     let mut said = false;
-    loop {
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => break,
-            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
+    let file = loop {
+        match ladle_os::process::lock_file(Path::new(&path)) {
+            Ok(Some(file)) => break file,
+            Ok(None) if Instant::now() < deadline => {
                 if !said {
                     eprintln!(
                         "ladle-tests: waiting for another test binary's Slurm cluster to stop \
@@ -357,13 +349,14 @@ pub(super) fn hold_instance_lock(instance: u16) -> Result<(), SlurmError> {
                 }
                 std::thread::sleep(Duration::from_millis(250));
             }
-            Err(e) => {
+            Ok(None) => {
                 return Err(setup(format!(
-                    "cannot lock {path} ({e}): another test binary's Slurm cluster is running"
+                    "cannot lock {path}: another test binary's Slurm cluster is running"
                 )));
             }
+            Err(e) => return Err(setup(format!("cannot lock {path}: {e}"))),
         }
-    }
+    };
     let _ = LOCK.set(file);
     Ok(())
 }

@@ -48,6 +48,9 @@ pub(super) struct Live {
     pub sim_load: SimLoad,
     /// Bytes of its stdout already read for sim markers.
     pub stdout_read: u64,
+    /// Its process (the group leader) with its start time, once started or adopted: what
+    /// every signal to the job goes through.
+    pub process: Option<sys::ProcessId>,
     /// Largest memory seen for its process group on one GPU, MiB (on simulated GPUs: what
     /// it holds, its estimate until it reports its memory, then the most it reported).
     pub peak_mib: Option<u64>,
@@ -83,6 +86,7 @@ impl Live {
                 sm: SIM_DEFAULT_SM,
             },
             stdout_read: 0,
+            process: None,
             peak_mib: None,
             reported: false,
             since,
@@ -187,7 +191,11 @@ impl Daemon {
     /// Journals that attempt `attempt` of job `id` runs as process (group) `pid`, with the
     /// process's start time so that a recycled pid is never taken for it.
     pub(super) fn note_started(&mut self, id: JobId, attempt: u32, pid: u32) {
-        let start_ticks = sys::start_ticks(pid).unwrap_or(0);
+        let process = sys::ProcessId::of(pid);
+        if let Some(live) = self.live.get_mut(&id) {
+            live.process = process;
+        }
+        let start_ticks = process.map_or(0, |p| p.start_ticks);
         self.note(Record::Started {
             id,
             attempt,
@@ -361,10 +369,10 @@ impl Daemon {
                     cpu: None,
                 });
             }
-            if let (Some((at, grace)), Some(pid)) = (live.cancel_at, attempt.pid)
+            if let (Some((at, grace)), Some(process)) = (live.cancel_at, live.process)
                 && at.elapsed() > grace
             {
-                let _ = sys::signal_group(pid, rustix::process::Signal::KILL);
+                let _ = process.signal_group(sys::Signal::KILL);
             }
         }
         for end in ended {
@@ -374,25 +382,27 @@ impl Daemon {
 
     /// Sends `signal` to the process group of every running attempt; with `stopping`, marks
     /// them as taken down with the daemon (their ends are journaled as interrupted).
-    /// Returns the groups signalled.
+    /// Returns the groups signalled (their leaders).
     pub(super) fn signal_running(
         &mut self,
-        signal: rustix::process::Signal,
+        signal: sys::Signal,
         stopping: bool,
-    ) -> Vec<u32> {
-        let running: Vec<(JobId, Option<u32>)> =
-            self.jobs.running().map(|(j, a)| (j.id, a.pid)).collect();
+    ) -> Vec<sys::ProcessId> {
+        let running: Vec<JobId> = self.jobs.running().map(|(j, _)| j.id).collect();
         let mut groups = Vec::new();
-        for (id, pid) in running {
-            if stopping && let Some(live) = self.live.get_mut(&id) {
+        for id in running {
+            let Some(live) = self.live.get_mut(&id) else {
+                continue;
+            };
+            if stopping {
                 live.stopping = true;
             }
-            let Some(pid) = pid else { continue };
-            match sys::signal_group(pid, signal) {
-                Ok(()) => groups.push(pid),
+            let Some(process) = live.process else { continue };
+            match process.signal_group(signal) {
+                Ok(true) => groups.push(process),
                 // Already gone: reaping will see it.
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => {}
-                Err(e) => tracing::warn!(job = id, pid, "{signal:?}: {e}"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(job = id, pid = process.pid, "{signal:?}: {e}"),
             }
         }
         groups

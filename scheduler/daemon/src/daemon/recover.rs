@@ -81,6 +81,8 @@ impl Daemon {
                 );
                 if journaled_pid.is_none() {
                     self.note_started(id, attempt, pid);
+                } else if let Some(l) = self.live.get_mut(&id) {
+                    l.process = sys::ProcessId::of(pid);
                 }
                 let now = self.now();
                 if let Some(l) = self.live.get_mut(&id)

@@ -17,7 +17,6 @@
 //! - every answer fits in a frame ([`super::answers`]; an error message is cut to
 //!   [`MAX_MESSAGE`] bytes).
 
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,19 +49,17 @@ pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Threads that run handlers (under the daemon's lock, so more would only wait).
 pub const HANDLER_THREADS: usize = 2;
 
+/// Binds `socket` (mode 0600, non-blocking) by ladle's one policy for a socket file left
+/// behind (`ladle_os::net::bind_private`): one nobody answers on is replaced; anything else
+/// there is an error naming it, and is left alone.
 pub(super) fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
-    let err = |source| DaemonError::Socket {
+    ladle_os::net::bind_private(socket).map_err(|e| DaemonError::Socket {
         path: socket.to_owned(),
-        source,
-    };
-    if socket.exists() {
-        // We hold the directory's lock, so whatever is there is stale.
-        std::fs::remove_file(socket).map_err(err)?;
-    }
-    let listener = UnixListener::bind(socket).map_err(err)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    listener.set_nonblocking(true).map_err(err)?;
-    Ok(listener)
+        source: match e {
+            ladle_os::net::BindError::Os { source, .. } => source,
+            other => std::io::Error::new(std::io::ErrorKind::AlreadyExists, other.to_string()),
+        },
+    })
 }
 
 /// The socket being served, on its own thread, until [`Server::stop`] (or drop).
@@ -459,20 +456,24 @@ impl Daemon {
                 }
                 Response::Cancelled { id }
             }
-            Stage::Running(attempt) => {
-                let pid = attempt.pid;
+            Stage::Running(_) => {
                 let Some(live) = self.live.get_mut(&id) else {
                     return Response::Error {
                         message: format!("job {id} is starting; try again"),
                     };
                 };
-                if let Some(pid) = pid
-                    && let Err(e) = sys::signal_group(pid, rustix::process::Signal::TERM)
+                if let Some(process) = live.process
+                    && let Err(e) = process.signal_group(sys::Signal::TERM)
                 {
                     tracing::warn!(job = id, "SIGTERM: {e}");
                 }
-                // A second cancel neither restarts nor stretches the first one's grace.
-                live.cancel_at.get_or_insert((Instant::now(), grace));
+                // A second cancel never restarts or stretches the first one's grace, and may
+                // shorten it (a sweep's second Ctrl-C asks for 0 s).
+                let now = Instant::now();
+                live.cancel_at = Some(match live.cancel_at {
+                    Some((at, first)) if at + first <= now + grace => (at, first),
+                    _ => (now, grace),
+                });
                 Response::Cancelled { id }
             }
             Stage::Ended(state) => Response::Error {

@@ -23,7 +23,7 @@ pub(super) fn stop_jobs<'a>(
     mut state: MutexGuard<'a, Daemon>,
     grace: Duration,
 ) -> MutexGuard<'a, Daemon> {
-    let groups = state.signal_running(rustix::process::Signal::TERM, true);
+    let groups = state.signal_running(sys::Signal::TERM, true);
     if state.jobs.running().next().is_none() {
         return state;
     }
@@ -33,21 +33,22 @@ pub(super) fn stop_jobs<'a>(
         "stopping: SIGTERM sent to every running job"
     );
     state = wait_for(shared, state, Instant::now() + grace, |_| true);
-    let left: Vec<u32> = groups
+    let left: Vec<sys::ProcessId> = groups
         .iter()
         .copied()
-        .filter(|&g| sys::group_alive(g))
+        .filter(|g| sys::group_alive(g.pid))
         .collect();
     if !left.is_empty() {
-        tracing::warn!(groups = ?left, "still running after the grace: SIGKILL");
-        for &g in &left {
-            if let Err(e) = sys::signal_group(g, rustix::process::Signal::KILL) {
-                tracing::debug!(group = g, "SIGKILL: {e}");
+        let pids: Vec<u32> = left.iter().map(|g| g.pid).collect();
+        tracing::warn!(groups = ?pids, "still running after the grace: SIGKILL");
+        for g in &left {
+            if let Err(e) = g.signal_group(sys::Signal::KILL) {
+                tracing::debug!(group = g.pid, "SIGKILL: {e}");
             }
         }
     }
     state = wait_for(shared, state, Instant::now() + KILL_WAIT, |_| {
-        !left.iter().any(|&g| sys::group_alive(g))
+        !left.iter().any(|g| sys::group_alive(g.pid))
     });
     let running: Vec<JobId> = state.jobs.running().map(|(j, _)| j.id).collect();
     if !running.is_empty() {
