@@ -1,6 +1,7 @@
 //! The consumer against a real producer socket and a real shared-memory ring.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::unwrap_used)]
+// tests fail loudly by design
 // Hostile and fake peers bind their sockets raw, not by ladle-os's policy.
 #![allow(clippy::disallowed_methods)]
 

@@ -4,9 +4,9 @@
 //! unsealed ring it can shrink, a `Welcome` trickled a byte at a time, duplicate indices):
 //! what a buggy or malicious producer could do to its consumers.
 
-#![allow(dead_code)] // each test file uses a different part
-// A fake (and sometimes hostile) producer binds its socket raw, not by ladle-os's policy.
-#![allow(clippy::disallowed_methods)]
+// Each test file uses a different part; a fake (and sometimes hostile) producer binds its
+// socket raw, not by ladle-os's policy.
+#![allow(dead_code, clippy::disallowed_methods)]
 
 use std::fs::File;
 use std::io::Write;

@@ -4,6 +4,6 @@
 
 pub use ladle_os::net::peer_uid;
 pub use ladle_os::process::{
-    Owned, ProcessId, Signal, alive, cmdline, group_alive, lock_file, my_uid, owner,
-    process_group, processes_named, start_ticks,
+    Owned, ProcessId, Signal, alive, cmdline, group_alive, lock_file, my_uid, owner, process_group,
+    processes_named, start_ticks,
 };

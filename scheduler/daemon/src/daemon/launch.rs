@@ -397,7 +397,9 @@ impl Daemon {
             if stopping {
                 live.stopping = true;
             }
-            let Some(process) = live.process else { continue };
+            let Some(process) = live.process else {
+                continue;
+            };
             match process.signal_group(signal) {
                 Ok(true) => groups.push(process),
                 // Already gone: reaping will see it.
