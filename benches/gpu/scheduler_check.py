@@ -67,7 +67,7 @@ MIB = 1 << 20
 TAIL = 4000
 # Seconds of the time budget kept for cleanup.
 CLEANUP_RESERVE = 45.0
-# ladle's plain markers of a GPU out-of-memory exit (scheduler/src/job.rs OOM_MARKERS; the
+# ladle's plain markers of a GPU out-of-memory exit (scheduler/core/src/job.rs OOM_MARKERS; the
 # TensorFlow and JAX forms are matched there line by line, see out_of_memory_evidence).
 OOM_MARKERS = [
     "CUDA out of memory",
@@ -1518,7 +1518,7 @@ def _env_problems(ctx, job, state, uuids, under_mps):
     if want and cvd != want:
         problems.append(f"CUDA_VISIBLE_DEVICES={cvd!r}, expected {want!r}")
     limit = last.get("limit_mib")
-    # One entry per GPU of the job, keyed by the GPU's UUID (scheduler/src/mps.rs).
+    # One entry per GPU of the job, keyed by the GPU's UUID (scheduler/daemon/src/mps.rs).
     want_limit = None if limit is None else ",".join(f"{uuids[g]}={limit}M" for g in gpus if g < len(uuids))
     if env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != want_limit:
         problems.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={env.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')!r}, "

@@ -43,9 +43,12 @@ tabular rows), see :func:`serve` and :class:`Producer`, or ``python -m ladle ser
 and waits for them) until the batch *and every view, array and tensor made from it* are
 gone, unless the consumer holds the feed back for the producer's stall timeout (10 s by
 default) without taking a batch: then it is let go and the batches it holds may be
-overwritten (``batch.intact`` turns False; it rejoins by itself). A consumer may hold at
-most ``max_batches_held`` batches (default 8); asking for one more raises
-:class:`TooManyBatchesHeld`. In the usual loop only the current batch is held.
+overwritten (``batch.intact`` turns False; it rejoins by itself). A consumer that holds the
+others back is asked to skim: it reads on from the batch after those it holds, which stop
+holding the feed back and may then be overwritten too (``batch.intact`` says so). A consumer
+may hold at most ``max_batches_held`` batches (default 8); asking for one more, or keeping one
+batch while a whole ring of later ones is read, raises :class:`TooManyBatchesHeld`. In the
+usual loop only the current batch is held.
 Copy (``to_torch``, ``numpy.array``, ``tensor.clone()``) what must outlive the step.
 """
 

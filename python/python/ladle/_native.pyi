@@ -99,8 +99,9 @@ class Batch:
         """Samples the producer could not read, decode or make (every field zero, label -1)."""
     @property
     def intact(self) -> bool:
-        """False if the producer may have overwritten the batch (held across a pause longer
-        than the stall timeout)."""
+        """False if the producer may have overwritten the batch: held across a pause longer
+        than the stall timeout, or kept while this consumer skims (it held the others back)
+        and the feed went a ring past it. Check it after reading a batch kept that long."""
     @property
     def is_copy(self) -> bool:
         """True for a batch gathered after a rejoin (a copy, not a view of the ring)."""
