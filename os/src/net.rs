@@ -250,3 +250,36 @@ pub fn accept_loop(
         accept(conn);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn bind_private_replaces_a_dead_socket_refuses_a_live_one_and_leaves_other_files_alone() {
+        let dir = std::env::temp_dir().join(format!("ladle-os-bind-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        // A file that is not a socket: refused, and left as it was.
+        std::fs::write(&path, "my notes").unwrap();
+        assert!(matches!(bind_private(&path), Err(BindError::NotASocket)));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "my notes");
+        std::fs::remove_file(&path).unwrap();
+        // A live server's socket: refused; the live one keeps serving.
+        let live = bind_private(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(matches!(bind_private(&path), Err(BindError::InUse)));
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        // The same socket file once its server is gone: replaced.
+        drop(live);
+        assert!(path.exists(), "a dropped listener leaves its file");
+        let again = bind_private(&path).unwrap();
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        drop(again);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -269,6 +269,34 @@ fn a_second_cancel_shortens_the_grace_of_the_first_and_never_stretches_it() {
 }
 
 #[test]
+fn a_file_that_is_not_a_socket_at_the_schedulers_socket_path_is_refused_and_left_alone() {
+    // One stale-socket policy for every ladle server (`ladle_os::net::bind_private`): the
+    // scheduler used to remove whatever was at its socket path.
+    let mut fx = Fixture::new();
+    let dir = fx.path().join("sched");
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("scheduler.sock");
+    std::fs::write(&socket, "my notes").unwrap();
+    let dir_arg = dir.to_str().unwrap();
+    let done = fx.run(
+        &[
+            "scheduler",
+            "--dir",
+            dir_arg,
+            "--gpu",
+            "sim",
+            "--settle-s",
+            "0",
+        ],
+        GUARD,
+    );
+    assert!(!done.status.success(), "{}", done.stderr);
+    assert!(done.stderr.contains("not a socket"), "{}", done.stderr);
+    assert!(done.stderr.contains("scheduler.sock"), "{}", done.stderr);
+    assert_eq!(std::fs::read_to_string(&socket).unwrap(), "my notes");
+}
+
+#[test]
 fn the_socket_is_private_and_garbage_on_it_gets_an_error_not_a_crash() {
     let mut s = Scheduler::start(1, &[]);
     let socket = s.dir().join("scheduler.sock");
