@@ -35,7 +35,7 @@ mod report;
 
 use feed::open_feed;
 use follow::{Following, RunShape, follow, run_report, submit_runs};
-use link::{Scheduler, cancel_all, kill_runs};
+use link::{Scheduler, kill_runs};
 use report::sweep_report;
 
 /// How often the sweep asks the scheduler how its runs stand.

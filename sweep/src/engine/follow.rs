@@ -58,7 +58,7 @@ pub(super) fn submit_runs(
             Ok(Response::Submitted { id, .. }) => id,
             failed => {
                 // Nothing of a sweep that cannot be submitted whole is left to run.
-                cancel_all(scheduler, &runs);
+                kill_runs(scheduler, &runs);
                 return Err(failed.err().unwrap_or_else(|| SweepError::Scheduler {
                     socket: scheduler.socket.clone(),
                     what: format!("submitting {}", planned.name),
@@ -132,7 +132,7 @@ pub(super) fn follow(
                     std::thread::sleep(POLL);
                     continue;
                 }
-                cancel_all(scheduler, runs);
+                kill_runs(scheduler, runs);
                 return Err(failed.err().unwrap_or_else(|| SweepError::Scheduler {
                     socket: scheduler.socket.clone(),
                     what: "following the runs".into(),

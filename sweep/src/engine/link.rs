@@ -139,14 +139,8 @@ impl Drop for Scheduler {
     }
 }
 
-/// Cancels every run not ended at once (best effort: on a path that ends the sweep with an
-/// error).
-pub(super) fn cancel_all(scheduler: &Scheduler, runs: &[Run]) {
-    kill_runs(scheduler, runs);
-}
-
-/// Asks the scheduler to kill every run still running now (the second Ctrl-C, or a grace
-/// overrun): a cancel with no grace, which shortens one already under way. The scheduler,
+/// Asks the scheduler to kill every run still running now (the second Ctrl-C, a grace overrun,
+/// or a path that ends the sweep with an error): a cancel with no grace, which shortens one already under way. The scheduler,
 /// which started the runs and knows each by its pid and start time, sends the signals; the
 /// sweep never signals a process by a pid it was told earlier.
 pub(super) fn kill_runs(scheduler: &Scheduler, runs: &[Run]) {
