@@ -26,6 +26,15 @@ stopped, mid-epoch included::
         --checkpoint /tmp/resnet18.pt --checkpoint-every 50
     # killed? the same command continues from /tmp/resnet18.pt: model, optimizer, step and
     # each rank's place in the epoch (the samples it had trained on are not repeated)
+
+The same job over several nodes (``examples/ddp_multinode.sbatch``): every rank names the
+data with ``--feed DIR`` and joins its node's feed of it (the first rank of a node starts it);
+each node's feed waits for that node's ranks (torchrun's ``$LOCAL_WORLD_SIZE``) and decodes
+only their shares::
+
+    srun torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d \
+        --rdzv_endpoint "$HEAD:29500" --rdzv_id "$SLURM_JOB_ID" \
+        examples/train_resnet18.py --ddp --feed /data/imagenet/train --group-timeout 900
 """
 
 from __future__ import annotations
@@ -51,7 +60,11 @@ def ladle_batches(args, device):
         group = {"group": args.group or f"resnet18-lr{args.lr}-b{args.batch_size}"}
     # Named after its sweep run when a sweep runs it (`ladle cost` matches runs by name).
     name = os.environ.get("LADLE_RUN") or f"resnet18-lr{args.lr}"
-    consumer = ladle.Consumer(args.socket, args.batch_size, drop_last=True, name=name, **group)
+    if args.ddp:
+        group["group_timeout"] = args.group_timeout
+    feed = {"dataset": args.feed, "image_size": args.image_size} if args.feed else {}
+    consumer = ladle.Consumer(args.socket, args.batch_size, drop_last=True, name=name, **group,
+                              **feed)
     num_classes = max(len(consumer.class_names), 1)
     args.consumer = consumer
     def batches():
@@ -96,6 +109,9 @@ def main() -> None:
     source.add_argument("--socket", default=os.environ.get("LADLE_SOCKET"),
                         help="a `ladle serve` control socket (default: $LADLE_SOCKET, which "
                              "`ladle sweep` sets)")
+    source.add_argument("--feed", metavar="DIR",
+                        help="join this node's ladle feed of the dataset DIR, starting it if "
+                             "none runs (it stops by itself after the last rank left)")
     source.add_argument("--dataloader", metavar="DIR",
                         help="an ImageFolder directory read with torch's DataLoader instead")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -109,6 +125,11 @@ def main() -> None:
     parser.add_argument("--group", metavar="NAME",
                         help="the feed's name for this DDP job (default resnet18-lr<LR>-b<B>); "
                              "keep it when the job restarts from its checkpoint")
+    parser.add_argument("--group-timeout", type=float, default=600.0, metavar="S",
+                        help="seconds a rank waits at the start for the other ranks of its "
+                             "node (a multi-node job whose nodes start far apart needs more)")
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="the feed's image size, with --feed")
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="save model, optimizer, step and every rank's place in the feed "
                              "here, and continue from it when it exists")
@@ -116,10 +137,12 @@ def main() -> None:
     parser.add_argument("--record-indices", metavar="PATH",
                         help="append each step's sample indices to PATH.rank<R> (for checks)")
     args = parser.parse_args()
-    if not (args.socket or args.dataloader):
-        parser.error("give --socket, --dataloader, or run under `ladle sweep` ($LADLE_SOCKET)")
-    if (args.ddp or args.checkpoint or args.record_indices) and not args.socket:
-        parser.error("--ddp, --checkpoint and --record-indices need a ladle feed (--socket)")
+    if not (args.socket or args.feed or args.dataloader):
+        parser.error("give --socket, --feed, --dataloader, or run under `ladle sweep` "
+                     "($LADLE_SOCKET)")
+    if (args.ddp or args.checkpoint or args.record_indices) and args.dataloader:
+        parser.error("--ddp, --checkpoint and --record-indices need a ladle feed (--socket or "
+                     "--feed)")
     rank, world = 0, 1
     if args.ddp:
         import torch.distributed as dist
@@ -129,7 +152,8 @@ def main() -> None:
             args.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
     device = torch.device(args.device)
 
-    batches, num_classes = (ladle_batches if args.socket else dataloader_batches)(args, device)
+    batches, num_classes = (ladle_batches if args.socket or args.feed else dataloader_batches)(
+        args, device)
     model = torchvision.models.resnet18(num_classes=num_classes).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -144,8 +168,10 @@ def main() -> None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         first_step = saved["step"]
-        # Each rank continues its own place in the epoch.
-        args.consumer.load_state_dict(saved["feed"][rank])
+        # Each rank continues its own place in the epoch; a DDP job given every rank's state
+        # may restart on another number of ranks (requeued on fewer nodes, torchrun elastic):
+        # the rest of the saved epoch is then dealt over the new ranks, each sample once.
+        args.consumer.load_state_dict(saved["feed"] if args.ddp else saved["feed"][rank])
     record = open(f"{args.record_indices}.rank{rank}", "a") if args.record_indices else None
 
     losses = []
@@ -169,7 +195,7 @@ def main() -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(json.dumps({
-        "source": "ladle" if args.socket else "dataloader",
+        "source": "ladle" if args.socket or args.feed else "dataloader",
         "lr": args.lr,
         "batch_size": args.batch_size,
         "steps": args.steps,

@@ -18,9 +18,11 @@ use crate::records::{ConsumeSummary, EpochRecord, Record};
 #[derive(Debug, Args)]
 pub(crate) struct ConsumeArgs {
     /// The producer's control socket (default: $LADLE_SOCKET, which `ladle sweep` sets for
-    /// every run).
+    /// every run; or --dataset).
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    #[command(flatten)]
+    ask: crate::feeds::AskArgs,
     /// Samples per batch (at most half the producer's ring).
     #[arg(long, value_name = "B", default_value_t = 32)]
     batch_size: u32,
@@ -61,15 +63,21 @@ pub(crate) struct ConsumeArgs {
     #[arg(long)]
     check_held: bool,
     /// Read as one rank of a group (a DDP job): the group's ranks split each epoch, each
-    /// getting the same number of samples; `ladle consume` returns once all have joined.
-    #[arg(long, value_name = "NAME", requires_all = ["rank", "world_size"])]
+    /// getting the same number of samples; `ladle consume` returns once this node's ranks
+    /// have joined.
+    #[arg(long, value_name = "NAME")]
     group: Option<String>,
-    /// This consumer's rank in --group, 0..W.
+    /// This consumer's rank in --group, 0..W [default: $RANK, else $SLURM_PROCID].
     #[arg(long, value_name = "R", requires = "group")]
     rank: Option<u32>,
-    /// Ranks in --group.
+    /// Ranks in --group [default: $WORLD_SIZE, else $SLURM_NTASKS].
     #[arg(long, value_name = "W", requires = "group")]
     world_size: Option<u32>,
+    /// Ranks of --group on this node, which this node's feed serves and waits for (a job
+    /// over several nodes runs a feed per node, each decoding its ranks' shares only)
+    /// [default: $LOCAL_WORLD_SIZE, else Slurm's tasks on this node, else W].
+    #[arg(long, value_name = "L", requires = "group", value_parser = clap::value_parser!(u32).range(1..))]
+    local_world_size: Option<u32>,
     /// How a group evens out N samples over W ranks: `pad` gives each ceil(N/W), repeating
     /// the epoch's first samples (torch's DistributedSampler), `drop` gives each floor(N/W).
     #[arg(long, value_name = "HOW", default_value = "pad", requires = "group")]
@@ -85,6 +93,22 @@ pub(crate) struct ConsumeArgs {
     /// and renamed over FILE, so a killed process leaves the last whole one).
     #[arg(long, value_name = "FILE")]
     save_position: Option<PathBuf>,
+    /// Append one JSON line per epoch to FILE, `{"epoch": K, "indices": [...]}` in delivery
+    /// order (to check what a group's ranks read together, say).
+    #[arg(long, value_name = "FILE")]
+    record_indices: Option<PathBuf>,
+}
+
+/// Appends epoch `epoch`'s indices to `path` as one JSON line.
+fn record_indices(path: &Path, epoch: u64, indices: &[u64]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let line = serde_json::json!({ "epoch": epoch, "indices": indices });
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    writeln!(file, "{line}").with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Writes `position` to `path` atomically: a temporary file beside it, renamed over it.
@@ -172,26 +196,69 @@ fn join(args: &ConsumeArgs) -> anyhow::Result<Consumer> {
     if let Some(name) = args.name.clone() {
         config.name = name;
     }
-    if let (Some(name), Some(rank), Some(world_size)) =
-        (args.group.clone(), args.rank, args.world_size)
-    {
+    if let Some(name) = args.group.clone() {
+        use ladle_consumer::launch;
+        let env = launch::process_env;
+        let rank = launch::rank(args.rank, env)?;
+        let world_size = launch::world_size(args.world_size, env)?;
+        let (Some((rank, _)), Some((world_size, _))) = (rank, world_size) else {
+            anyhow::bail!(
+                "--group {name}: pass --rank and --world-size, or start the ranks with torchrun \
+                 (it sets $RANK and $WORLD_SIZE) or as srun tasks ($SLURM_PROCID, $SLURM_NTASKS)"
+            );
+        };
         config.group = Some(GroupSpec {
             name,
             rank,
             world_size,
             even: args.even,
         });
+        config.local_world_size = args.local_world_size;
         config.group_timeout = Duration::try_from_secs_f64(args.group_timeout)
             .context("--group-timeout must be a non-negative number of seconds")?;
     }
     // Connection errors name the socket and say what to check. Without --socket, the run's
     // environment names it (`ladle sweep` sets LADLE_SOCKET and LADLE_RUN).
-    let consumer = match &args.socket {
-        Some(socket) => Consumer::connect(socket, config)?,
-        None => Consumer::connect_from_env(config).map_err(|e| match e {
+    let request = args.ask.request()?;
+    let from_env = std::env::var_os(ladle_consumer::SOCKET_ENV).filter(|s| !s.is_empty());
+    let consumer = match (&args.socket, request) {
+        // Named by its data, with no socket given: the registry's feed, started if need be.
+        (None, Some(request)) if from_env.is_none() => {
+            let registry = ladle_feeds::Registry::open()?;
+            let options = args.ask.start_options()?;
+            let (consumer, joined) = ladle_feeds::join(
+                &registry,
+                &request,
+                &options,
+                &crate::feeds::starter()?,
+                config,
+            )?;
+            {
+                eprintln!(
+                    "{} feed {} (pid {}) of {}",
+                    if joined.started { "started" } else { "found" },
+                    joined.entry.key,
+                    joined.entry.pid,
+                    request.dataset.display()
+                );
+            }
+            consumer
+        }
+        // A socket and the data: that socket, if it serves that data.
+        (socket, Some(request)) => {
+            let socket = socket
+                .clone()
+                .or_else(|| from_env.map(PathBuf::from))
+                .context("a socket")?;
+            let consumer = Consumer::connect(&socket, config)?;
+            ladle_feeds::check(&consumer, &request)?;
+            consumer
+        }
+        (Some(socket), None) => Consumer::connect(socket, config)?,
+        (None, None) => Consumer::connect_from_env(config).map_err(|e| match e {
             ConnectError::NoSocket { variable } => anyhow::anyhow!(
-                "no producer socket: pass --socket PATH, or set {variable} \
-                 (`ladle sweep` sets it for every run)"
+                "no producer socket: pass --dataset PATH (the node's feed of it, started if \
+                 none runs), --socket PATH, or set {variable} (`ladle sweep` sets it for every run)"
             ),
             other => other.into(),
         })?,
@@ -255,6 +322,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let mut previous: Option<(Batch<'_>, u64)> = None;
         let mut kept: Option<(Batch<'_>, u64)> = None;
         let mut cut_short = false;
+        let mut delivered = Vec::new();
         let mut check = |batch: &Batch<'_>, received: u64| {
             if args.check_held && digest(batch) != received && batch.is_intact() {
                 corrupted += 1;
@@ -267,6 +335,9 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             // milliseconds) past the stall timeout may find its slots overwritten after the
             // let-go (`is_intact` then says so). The SDK marks them seen at the same moment.
             coverage.add(batch.indices());
+            if args.record_indices.is_some() {
+                delivered.extend_from_slice(batch.indices());
+            }
             if let Some(path) = &args.save_position {
                 save_position(&consumer, path)?;
             }
@@ -303,6 +374,9 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             overwritten += u64::from(!first.is_intact());
         }
         total_bad += bad;
+        if let Some(path) = &args.record_indices {
+            record_indices(path, number, &delivered)?;
+        }
         let elapsed = epoch_started.elapsed();
         let complete = coverage.delivered >= expected;
         finished_epochs += u64::from(complete);

@@ -94,7 +94,8 @@ pub(crate) struct GenerateArgs {
 #[derive(Debug, Args)]
 pub(crate) struct InspectArgs {
     /// The dataset: an ImageFolder directory, a directory of CIFAR .bin batches or of
-    /// WebDataset .tar shards, or a single .bin or .tar file.
+    /// WebDataset .tar shards, a single .bin or .tar file, or WebDataset shards by URL
+    /// (`http://host/path/shard-{000..127}.tar`, fetched into the shard cache).
     path: PathBuf,
     /// Print one JSON object on stdout (keys include format, samples, classes, bad_files).
     #[arg(long)]
@@ -104,6 +105,8 @@ pub(crate) struct InspectArgs {
     threads: Option<usize>,
     #[command(flatten)]
     limits: crate::serve::LimitArgs,
+    #[command(flatten)]
+    remote: crate::remote::RemoteArgs,
 }
 
 pub(crate) fn run(cmd: DatasetCommand) -> anyhow::Result<()> {
@@ -167,8 +170,7 @@ fn is_non_empty_dir(path: &Path) -> bool {
 }
 
 fn inspect_cmd(args: InspectArgs) -> anyhow::Result<()> {
-    let dataset = ladle_datasets::open(&args.path)
-        .with_context(|| format!("cannot read dataset {}", args.path.display()))?;
+    let dataset = args.remote.open(&args.path)?;
     let bar = progress::bar(dataset.len(), "decode");
     let threads = args.threads.unwrap_or_else(default_threads);
     let limits = args.limits.limits()?;

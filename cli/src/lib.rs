@@ -8,16 +8,20 @@
 
 mod baseline;
 mod bench;
+mod cache;
 mod consume;
 mod cost;
 mod dataset;
 mod demo;
+mod detach;
 mod embedded;
 mod fanout;
+mod feeds;
 mod observe;
 mod plot;
 mod progress;
 mod records;
+mod remote;
 mod report;
 mod scheduler;
 mod serve;
@@ -97,6 +101,13 @@ enum Command {
     Cost(cost::CostArgs),
     /// Watch the scheduler's GPUs and jobs and every feed's consumers, live: `ladle top`.
     Top(top::TopArgs),
+    /// The live feeds of this user on this node, started on demand by consumers that name
+    /// their data (`ladle consume --dataset`, Python's `ladle.Consumer(dataset=...)`): list
+    /// them, start one (`ladle feeds start --dataset D`), stop them.
+    Feeds(feeds::FeedsArgs),
+    /// The decoded-sample cache that feeds started with --cache-gib share: what it holds
+    /// (`ladle cache ls`), letting it go (`ladle cache drop KEY|--all`).
+    Cache(cache::CacheCommandArgs),
 }
 
 /// The environment variable naming the command that runs this CLI again, when the user
@@ -147,6 +158,16 @@ where
     run(args)
 }
 
+pub use feeds::transform_spelling;
+
+static ARGV: std::sync::Mutex<Vec<std::ffi::OsString>> = std::sync::Mutex::new(Vec::new());
+
+/// The command line [`run`] was given (the program's name first): `ladle serve --registry
+/// --detach` runs it again without `--detach`.
+pub(crate) fn argv() -> Vec<std::ffi::OsString> {
+    ARGV.lock().map(|a| a.clone()).unwrap_or_default()
+}
+
 /// Runs the `ladle` command line: `args` as `std::env::args_os()` gives them (the program's
 /// name first). Returns the process's exit code; `--help`, `--version` and argument errors
 /// print and return as clap does.
@@ -155,6 +176,10 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    if let Ok(mut slot) = ARGV.lock() {
+        slot.clone_from(&args);
+    }
     // The matches are kept: `ladle serve MODULE:FACTORY` tells the options given from defaults.
     let parsed = Cli::command()
         .try_get_matches_from(args)
@@ -176,7 +201,7 @@ where
     let default_filter = if matches!(cli.command, Command::Sweep(_)) && terminal {
         "warn"
     } else {
-        "warn,ladle_producer=info,ladle_scheduler=info"
+        "warn,ladle_producer=info,ladle_scheduler=info,ladle_cache=info"
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -221,6 +246,8 @@ where
             Err(e) => Err(e),
         },
         Command::Top(args) => top::run(args),
+        Command::Feeds(args) => feeds::run(args),
+        Command::Cache(args) => cache::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

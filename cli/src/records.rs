@@ -151,6 +151,10 @@ pub(crate) struct ServeSummary {
     pub(crate) bad_samples: u64,
     /// Samples published.
     pub(crate) published: u64,
+    /// Samples its consumers released (read), all of them, the gone ones included: against
+    /// `published`, what sharing saved.
+    #[serde(default)]
+    pub(crate) consumed: u64,
     /// Samples published per second.
     pub(crate) samples_per_s: f64,
     /// Wall-clock seconds it served.
@@ -188,8 +192,7 @@ mod tests {
     // Lines as the commands printed them before their records were typed.
     const EPOCH: &str = r#"{"bad_samples":0,"batches":4,"complete":true,"consumer_id":1,"epoch":0,"exact_coverage":true,"samples":100,"samples_per_s":1234.5,"seconds":0.081,"start_seq":0}"#;
     const SUMMARY: &str = r#"{"bad_samples":0,"corrupted_batches":0,"epochs":1,"overwritten_batches":0,"rejoins":0,"samples":100,"samples_per_s":1200.25,"seconds":0.0833,"waited_s":0.5,"skims":1}"#;
-    const SERVE: &str =
-        r#"{"bad_samples":2,"published":4096,"samples_per_s":950.0,"seconds":4.3115}"#;
+    const SERVE: &str = r#"{"bad_samples":2,"published":4096,"consumed":12288,"samples_per_s":950.0,"seconds":4.3115}"#;
     const PRIVATE: &str =
         r#"{"batches":31,"samples":1000,"samples_per_s":98.76,"seconds":10.125,"skipped":0}"#;
 
@@ -207,6 +210,9 @@ mod tests {
         let old = ConsumeSummary::from_line(&before).unwrap();
         assert_eq!((old.waited_s, old.skims), (0.0, 0));
         round_trip::<ServeSummary>(SERVE);
+        // A serve summary printed before `consumed` existed still reads (as 0).
+        let before = ServeSummary::from_line(&SERVE.replace(r#""consumed":12288,"#, "")).unwrap();
+        assert_eq!((before.published, before.consumed), (4096, 0));
         round_trip::<PrivateRecord>(PRIVATE);
     }
 

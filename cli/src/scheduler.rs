@@ -120,6 +120,11 @@ pub(crate) struct DaemonOptions {
     /// (default: this machine's).
     #[arg(long)]
     cpu_cores: Option<u32>,
+    /// Host memory shared by live feeds' rings, the decoded-sample cache's budget and jobs
+    /// submitted with --host-mem (e.g. 200GiB; default: 90% of this machine's memory, or of
+    /// its cgroup's limit).
+    #[arg(long, value_name = "SIZE")]
+    host_mem: Option<String>,
     /// Simulated GPUs only: a JSON file of what they show beside the scheduler's jobs, e.g.
     /// `{"gpus": [{"gpu": 0, "foreign": [{"pid": 4242, "mem_mib": 8000}], "failing":
     /// ["mps_processes"], "compute_mode": "exclusive_process"}]}` (other users' processes,
@@ -235,6 +240,9 @@ impl DaemonOptions {
         config.default_estimate_mib =
             parse_mib(&self.default_gpu_mem).context("--default-gpu-mem")?;
         config.max_oom_retries = self.max_oom_retries;
+        if let Some(mem) = &self.host_mem {
+            config.host_mem_mib = parse_mib(mem).context("--host-mem")?;
+        }
         if let Some(cores) = self.cpu_cores {
             config.cpu_cores = cores;
         }
@@ -336,6 +344,10 @@ pub(crate) struct SubmitArgs {
     /// feeds' decode threads and other such jobs leave fewer free. A job of a feed needs none.
     #[arg(long)]
     cpus: Option<u32>,
+    /// Host memory the job needs (e.g. 8GiB): it waits while live feeds' rings, the
+    /// decoded-sample cache's budget and other such jobs leave less free.
+    #[arg(long, value_name = "SIZE")]
+    host_mem: Option<String>,
     /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the job, 1–100 (default: unset, all SMs).
     #[arg(long)]
     thread_percentage: Option<u32>,
@@ -422,6 +434,12 @@ pub(crate) fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         env,
         whole_env,
         cpus: args.cpus,
+        host_mem_mib: args
+            .host_mem
+            .as_deref()
+            .map(parse_mib)
+            .transpose()
+            .context("--host-mem")?,
         family: args.family,
     };
     let response = args.dir.request(&Request::Submit(spec))?;
@@ -535,7 +553,23 @@ pub(crate) fn queue(args: QueueArgs) -> anyhow::Result<()> {
             g.jobs
         );
     }
-    if let Response::Feeds { feeds, omitted, .. } = args.dir.request(&Request::Feeds)? {
+    if let Response::Feeds {
+        feeds,
+        omitted,
+        host_mem,
+        ..
+    } = args.dir.request(&Request::Feeds)?
+    {
+        if host_mem.total_mib > 0 {
+            println!(
+                "host memory: {} of {} (feeds' rings {}, decoded-sample cache {}, jobs {})",
+                format_mib(host_mem.busy_mib()),
+                format_mib(host_mem.total_mib),
+                format_mib(host_mem.rings_mib),
+                format_mib(host_mem.cache_mib),
+                format_mib(host_mem.jobs_mib)
+            );
+        }
         for f in &feeds {
             println!(
                 "feed {:?} on {} ({}, {} decode threads, pid {})",

@@ -22,9 +22,22 @@ pub(crate) struct ServeArgs {
     /// --keep-alive, --stall-timeout, --fail-on-bad-sample and --timeout.
     #[arg(value_name = "MODULE:FACTORY", conflicts_with = "dataset")]
     pub(crate) python: Option<String>,
-    /// The control socket consumers connect to (created with mode 0600).
-    #[arg(long)]
-    pub(crate) socket: PathBuf,
+    /// The control socket consumers connect to (created with mode 0600); or --registry.
+    #[arg(long, required_unless_present = "registry")]
+    pub(crate) socket: Option<PathBuf>,
+    /// Serve as the feed of this dataset, transform and seed in the user's registry of live
+    /// feeds ($LADLE_REGISTRY_DIR, else $XDG_RUNTIME_DIR/ladle, else /tmp/ladle-$UID), where
+    /// `ladle consume --dataset` and Python's `ladle.Consumer(dataset=...)` find it: its
+    /// socket is the registry's, one feed per identity (a second is refused). This is how a
+    /// consumer that names its data starts a feed; it stops --idle-timeout seconds (default
+    /// 30) after its last consumer left and --orphan-timeout seconds (default 60) after its
+    /// start if none came. `ladle feeds` lists them.
+    #[arg(long, conflicts_with_all = ["socket", "python", "name"])]
+    pub(crate) registry: bool,
+    /// With --registry: start the feed as a process of its own (a new session, its log in
+    /// the registry), print its entry (JSON) once it serves, and return.
+    #[arg(long, requires = "registry")]
+    pub(crate) detach: bool,
     /// Register the feed under this name with the running scheduler (see --dir): jobs
     /// submitted with `ladle submit --feed NAME` get its socket in LADLE_SOCKET.
     #[arg(long)]
@@ -45,8 +58,10 @@ pub(crate) struct ServeArgs {
 /// What a feed serves and how: shared by `ladle serve` and `ladle sweep`.
 #[derive(Debug, Args)]
 pub(crate) struct FeedOptions {
-    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards); required
-    /// (`ladle sweep --resume` takes it from the sweep it resumes).
+    /// The dataset (ImageFolder directory, CIFAR batches, WebDataset shards, or WebDataset
+    /// shards by URL: `http://host/path/shard-{000..127}.tar`, fetched once per node into the
+    /// shard cache, see --shard-cache); required (`ladle sweep --resume` takes it from the
+    /// sweep it resumes).
     #[arg(long)]
     dataset: Option<PathBuf>,
     /// Shared memory for the sample ring, in MiB; the largest batch a consumer may ask for
@@ -88,8 +103,13 @@ pub(crate) struct FeedOptions {
     #[arg(long, value_name = "N", default_value_t = ladle_producer::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// Stop once the last consumer has been gone this many seconds (after one joined).
+    /// Default: never, or 30 with --registry.
+    #[arg(long, value_name = "S", visible_alias = "keep-alive")]
+    pub(crate) idle_timeout: Option<f64>,
+    /// Stop this many seconds after the start if no consumer ever joined (whoever started
+    /// the feed died before using it). Default: never, or 60 with --registry.
     #[arg(long, value_name = "S")]
-    pub(crate) keep_alive: Option<f64>,
+    pub(crate) orphan_timeout: Option<f64>,
     /// How far ahead of its consumers the feed decodes, in samples beyond the furthest any
     /// of them has asked for: `auto` (four batches of the largest batch size, at least 16
     /// samples per decode thread), a number, or `ring` (as far as the ring allows, decoding
@@ -104,6 +124,10 @@ pub(crate) struct FeedOptions {
     pacing: ladle_producer::Pacing,
     #[command(flatten)]
     pub(crate) limits: LimitArgs,
+    #[command(flatten)]
+    pub(crate) cache: crate::cache::CacheArgs,
+    #[command(flatten)]
+    pub(crate) remote: crate::remote::RemoteArgs,
 }
 
 /// What one sample may cost: shared by `ladle serve`, `ladle sweep` and `ladle dataset
@@ -136,6 +160,21 @@ impl LimitArgs {
 }
 
 impl FeedOptions {
+    /// The transform this feed serves (--transform, else --eval's or the training one at
+    /// --image-size).
+    pub(crate) fn transforms(&self) -> anyhow::Result<Transforms> {
+        crate::feeds::transforms(self.image_size, self.transform.as_deref(), self.eval)
+    }
+
+    /// The registry request of this feed (`ladle serve --registry`).
+    fn request(&self) -> anyhow::Result<ladle_feeds::FeedRequest> {
+        Ok(ladle_feeds::FeedRequest::new(
+            self.dataset()?,
+            self.transforms()?.to_string(),
+            self.seed,
+        )?)
+    }
+
     /// The dataset's path (`--dataset`).
     pub(crate) fn dataset(&self) -> anyhow::Result<&std::path::Path> {
         self.dataset
@@ -149,14 +188,8 @@ impl FeedOptions {
         socket: PathBuf,
     ) -> anyhow::Result<(Box<dyn ladle_datasets::Dataset>, ProducerConfig)> {
         let path = self.dataset()?;
-        let dataset = ladle_datasets::open(path)
-            .with_context(|| format!("cannot read dataset {}", path.display()))?;
-        let augment = match &self.transform {
-            Some(spec) => Transforms::parse(spec)
-                .with_context(|| format!("--transform {spec:?} is not a usable pipeline"))?,
-            None if self.eval => Transforms::eval(self.image_size),
-            None => Transforms::train(self.image_size),
-        };
+        let dataset = self.remote.open(path)?;
+        let augment = self.transforms()?;
         let stall_timeout = std::time::Duration::try_from_secs_f64(self.stall_timeout)
             .ok()
             .filter(|t| *t >= std::time::Duration::from_millis(100))
@@ -179,25 +212,34 @@ impl FeedOptions {
             },
             stall_timeout,
             max_connections: self.max_connections,
-            keep_alive: self
-                .keep_alive
-                .map(|s| {
-                    std::time::Duration::try_from_secs_f64(s)
-                        .with_context(|| format!("--keep-alive {s} is not a number of seconds"))
-                })
-                .transpose()?,
+            lifetime: ladle_producer::Lifetime {
+                idle: seconds("--idle-timeout", self.idle_timeout)?,
+                orphan: seconds("--orphan-timeout", self.orphan_timeout)?,
+                hold: None,
+            },
             read_ahead: self.read_ahead,
             pacing: self.pacing,
             limits: self.limits.limits()?,
+            cache: self.cache.start()?,
         };
         Ok((dataset, config))
     }
 }
 
+/// `--flag S` as a duration.
+fn seconds(flag: &str, value: Option<f64>) -> anyhow::Result<Option<std::time::Duration>> {
+    value
+        .map(|s| {
+            std::time::Duration::try_from_secs_f64(s)
+                .with_context(|| format!("{flag} {s} is not a number of seconds"))
+        })
+        .transpose()
+}
+
 /// The feed's name in metrics and records: its `--name`, else its socket's file name.
-fn feed_label(args: &ServeArgs) -> String {
+fn feed_label(args: &ServeArgs, socket: &std::path::Path) -> String {
     args.name.clone().unwrap_or_else(|| {
-        args.socket
+        socket
             .file_name()
             .map_or_else(|| "feed".to_owned(), |f| f.to_string_lossy().into_owned())
     })
@@ -216,7 +258,32 @@ pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<(
              WebDataset shards) or a Python dataset as MODULE:FACTORY"
         )
     })?;
-    let (dataset, config) = args.feed.open(args.socket.clone())?;
+    let registered = if args.registry {
+        let request = args.feed.request()?;
+        if args.detach {
+            return crate::feeds::detach(&request);
+        }
+        Some(crate::feeds::RegistryFeed::claim(request)?)
+    } else {
+        None
+    };
+    let socket = match (&registered, &args.socket) {
+        (Some(feed), _) => feed.files.socket.clone(),
+        (None, Some(socket)) => socket.clone(),
+        (None, None) => anyhow::bail!("give --socket PATH, or --registry"),
+    };
+    let (dataset, mut config) = args.feed.open(socket.clone())?;
+    if let Some(feed) = &registered {
+        let lifetime = &mut config.lifetime;
+        lifetime
+            .idle
+            .get_or_insert(ladle_feeds::request::DEFAULT_IDLE_TIMEOUT);
+        lifetime
+            .orphan
+            .get_or_insert(ladle_feeds::request::DEFAULT_ORPHAN_TIMEOUT);
+        lifetime.hold = Some(feed.files.hold.clone());
+    }
+    let settings = config.clone();
     let producer_threads = config.threads;
     let transform = ladle_sweep::engine::transform_key(&config);
     let stop = Arc::new(AtomicBool::new(false));
@@ -224,21 +291,42 @@ pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<(
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
     let producer = Producer::start_with_stop(Arc::from(dataset), config, stop.clone())
-        .with_context(|| format!("cannot start serving on {}", args.socket.display()))?;
+        .with_context(|| format!("cannot start serving on {}", socket.display()))?;
     let layout = producer.layout();
     eprintln!(
         "serving {} on {} (ring: {} samples of `{}`, batch sizes up to {}); Ctrl-C to stop",
         args.feed.dataset()?.display(),
-        args.socket.display(),
+        socket.display(),
         layout.capacity,
         layout.schema,
         layout.max_batch()
     );
+    if let Some(feed) = &registered {
+        // The entry is the readiness signal: `--detach` (and anyone reading stdout) returns
+        // on this line.
+        let entry = match feed.publish(&settings) {
+            Ok(entry) => entry,
+            Err(e) => {
+                producer.stop();
+                let _ = producer.wait();
+                return Err(e);
+            }
+        };
+        let line = serde_json::to_string(&entry)?;
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        // A starter that has gone (EPIPE) does not stop the feed.
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+        eprintln!(
+            "registered in {} as feed {} (stops {:.0} s after its last consumer leaves, {:.0} s after its start if none comes)",
+            feed.files.entry.display(),
+            entry.key,
+            entry.idle_timeout_s,
+            entry.orphan_timeout_s
+        );
+    }
     if let Some(name) = &args.name {
-        let socket = args
-            .socket
-            .canonicalize()
-            .unwrap_or_else(|_| args.socket.clone());
+        let socket = socket.canonicalize().unwrap_or_else(|_| socket.clone());
         let spec = ladle_scheduler::protocol::FeedSpec {
             name: name.clone(),
             socket,
@@ -246,6 +334,7 @@ pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<(
             transform,
             threads: u32::try_from(producer_threads).unwrap_or(u32::MAX),
             pid: std::process::id(),
+            ring_bytes: layout.file_len(),
         };
         let request = ladle_scheduler::protocol::Request::RegisterFeed(spec);
         if let Err(e) = args.scheduler.request(&request) {
@@ -270,7 +359,7 @@ pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<(
             .context("starting the feed's registration thread")?;
     }
     let observer = {
-        let (stats, feed) = (producer.stats_source(), feed_label(&args));
+        let (stats, feed) = (producer.stats_source(), feed_label(&args, &socket));
         args.observe.start(move || ladle_observe::Snapshot {
             time: ladle_observe::series::unix_now(),
             feeds: vec![(feed.clone(), Ok(stats.stats()))],
@@ -287,6 +376,9 @@ pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<(
     };
     let started = std::time::Instant::now();
     let served = producer.wait().context("the producer failed");
+    if let Some(feed) = &registered {
+        feed.withdraw();
+    }
     if let Some(observer) = observer {
         observer.stop();
     }
@@ -300,8 +392,14 @@ pub(crate) fn run(args: ServeArgs, given: &clap::ArgMatches) -> anyhow::Result<(
     let summary = crate::records::ServeSummary {
         bad_samples: bad,
         published,
+        consumed: served.consumed,
         samples_per_s: published as f64 / seconds.max(f64::EPSILON),
         seconds,
     };
+    if registered.is_some() {
+        // Its starter read stdout only up to the entry, and is gone: the log keeps it.
+        eprintln!("{}", serde_json::to_string(&summary)?);
+        return Ok(());
+    }
     crate::records::Record::print(&summary)
 }

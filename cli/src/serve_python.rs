@@ -29,7 +29,7 @@ const PYTHON_OPTIONS: [&str; 9] = [
     "ring_mib",
     "seed",
     "threads",
-    "keep_alive",
+    "idle_timeout",
     "stall_timeout",
     "fail_on_bad_sample",
     "timeout",
@@ -93,7 +93,7 @@ fn check_values(args: &ServeArgs) -> anyhow::Result<()> {
         );
     }
     for (flag, value) in [
-        ("--keep-alive", feed.keep_alive),
+        ("--keep-alive", feed.idle_timeout),
         ("--timeout", args.timeout),
     ] {
         if let Some(s) = value
@@ -148,7 +148,7 @@ fn check_importable(python: &std::path::Path, spec: &str) -> anyhow::Result<()> 
 fn python_argv(spec: &str, args: &ServeArgs) -> Vec<OsString> {
     let feed = &args.feed;
     let mut socket = OsString::from("--socket=");
-    socket.push(&args.socket);
+    socket.push(args.socket.as_deref().unwrap_or(std::path::Path::new("")));
     let mut argv: Vec<OsString> = vec![
         spec.into(),
         socket,
@@ -158,7 +158,7 @@ fn python_argv(spec: &str, args: &ServeArgs) -> Vec<OsString> {
     ];
     let optional = [
         ("--threads", feed.threads.map(|n| n.to_string())),
-        ("--keep-alive", feed.keep_alive.map(|s| s.to_string())),
+        ("--keep-alive", feed.idle_timeout.map(|s| s.to_string())),
         ("--timeout", args.timeout.map(|s| s.to_string())),
     ];
     for (flag, value) in optional {

@@ -531,8 +531,15 @@ fn draw_feed(frame: &mut Frame<'_>, area: Rect, feed: &FeedRow, consumers: &[&Co
     } else {
         0.0
     };
+    let cache = feed.cache_hit_rate().map_or_else(String::new, |rate| {
+        format!(
+            "  cache {:.0}% hits ({} decodes saved)",
+            rate * 100.0,
+            feed.cache_hits
+        )
+    });
     let title = format!(
-        "Feed {}  published {}  decode {:.0}/s  bad {}  ring {}/{} ({:.0}%)  producer {:.1} cores  consumers {}",
+        "Feed {}  published {}  decode {:.0}/s  bad {}  ring {}/{} ({:.0}%)  producer {:.1} cores  consumers {}{cache}",
         printable(&feed.feed),
         feed.published,
         feed.decode_rate,

@@ -64,6 +64,11 @@ pub struct ConsumerConfig {
     /// (`crate::plan`). [`Consumer::connect`](crate::Consumer::connect) returns once every
     /// rank has joined.
     pub group: Option<GroupSpec>,
+    /// How many ranks of [`ConsumerConfig::group`] run on this node, and so join this node's
+    /// feed, which waits for them only (protocol 15). `None` (the default): the launcher's
+    /// variables, `$LOCAL_WORLD_SIZE` (torchrun) then Slurm's tasks on this node, else the
+    /// world size (every rank on one feed); see [`crate::launch`].
+    pub local_world_size: Option<u32>,
     /// How long a rank of a group waits at connect for the others (default 10 minutes, at
     /// most an hour): then [`ConnectError::GroupIncomplete`](crate::ConnectError) names the
     /// missing ranks.
@@ -80,6 +85,7 @@ impl Default for ConsumerConfig {
             handshake_timeout: Duration::from_secs(10),
             connect_timeout: connect_timeout(std::env::var_os(CONNECT_TIMEOUT_ENV).as_deref()),
             group: None,
+            local_world_size: None,
             group_timeout: DEFAULT_GROUP_TIMEOUT,
         }
     }

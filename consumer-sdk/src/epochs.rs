@@ -40,8 +40,12 @@ pub struct Epochs {
     current: Option<u64>,
     /// What the current epoch wants and has delivered.
     plan: EpochPlan,
-    /// A loaded position's delivered set, for the next epoch to begin.
-    resume: Option<Bitmap>,
+    /// A loaded position's delivered set, for the next epoch to begin, and what that epoch
+    /// wants when the position said it explicitly (a remainder dealt anew, elastic resume).
+    resume: Option<(Bitmap, Option<Bitmap>)>,
+    /// The current epoch's plan wants an explicit set (a loaded remainder), not a share
+    /// dealt from the group's permutation: a saved position must carry it.
+    explicit: bool,
     /// What the current epoch delivers in all, fixed when it began.
     samples: u64,
     /// The current epoch is gathered: only what its plan still wants is delivered, copied
@@ -100,6 +104,7 @@ impl Epochs {
             current: None,
             plan: EpochPlan::try_whole(n)?,
             resume: None,
+            explicit: false,
             samples: 0,
             gathered: false,
             skimming: false,
@@ -114,11 +119,19 @@ impl Epochs {
         self.next_epoch = number.saturating_add(1);
         self.current = Some(number);
         let resume = self.resume.take();
-        match &self.group {
-            None => self.plan.reset(),
-            Some(group) => self.plan = EpochPlan::for_rank(self.n, group, number)?,
+        self.explicit = false;
+        match (
+            &self.group,
+            resume.as_ref().and_then(|(_, wanted)| wanted.clone()),
+        ) {
+            (_, Some(wanted)) => {
+                self.plan = EpochPlan::with_wanted(wanted)?;
+                self.explicit = true;
+            }
+            (None, None) => self.plan.reset(),
+            (Some(group), None) => self.plan = EpochPlan::for_rank(self.n, group, number)?,
         }
-        if let Some(delivered) = resume {
+        if let Some((delivered, _)) = resume {
             self.plan.restore(&delivered)?;
         }
         self.gathered = self.skimming || self.group.is_some() || self.plan.delivered() > 0;
@@ -249,20 +262,80 @@ impl Epochs {
         start
     }
 
+    /// What this consumer still needs of the feed, to declare to the producer (protocol
+    /// version 13): for a gathered epoch (a resumed one, a rank's, one continued after a
+    /// rejoin), its window and the indices it has still to deliver, as bitmap words; while
+    /// skimming, the same in an open window from its last attachment on (protocol 16: it
+    /// takes its indices wherever they pass); `None` for a whole epoch (it needs every
+    /// position of its window).
+    pub fn declaration(&self) -> Option<(u64, u64, Vec<u64>)> {
+        let k = self.current?;
+        if self.skimming {
+            // No window: its set wherever the feed passes it, from its last attachment on
+            // (protocol 16's open window).
+            return Some((
+                self.base,
+                ladle_ring::protocol::OPEN,
+                self.plan.remaining_words(),
+            ));
+        }
+        if !self.gathered {
+            return None;
+        }
+        let (from, to) = (self.start(k)?, self.end(k)?);
+        Some((from, to, self.plan.remaining_words()))
+    }
+
+    /// A rank's next epoch, declared ahead (its window follows the current one's, and its
+    /// share is known from the group's split): without it, the feed's read-ahead past the
+    /// current window would decode samples of the whole next epoch that this node's ranks do
+    /// not take. `None` for a consumer not in a group, while skimming, and before the first
+    /// epoch.
+    pub fn next_declaration(&self) -> Option<(u64, u64, Vec<u64>)> {
+        let group = self.group.as_ref()?;
+        if self.skimming {
+            return None;
+        }
+        let k = self.current?;
+        let next = k.checked_add(1)?;
+        let (from, to) = (self.start(next)?, self.end(next)?);
+        let plan = EpochPlan::for_rank(self.n, group, next).ok()?;
+        Some((from, to, plan.remaining_words()))
+    }
+
     /// Loads a saved position (its epoch and what that epoch had delivered) before the first
     /// epoch begins: that epoch is the next to begin, and delivers only the rest.
     pub fn load(&mut self, epoch: u64, delivered: &Bitmap) -> Result<(), LoadError> {
+        self.load_wanted(epoch, None, delivered)
+    }
+
+    /// [`Epochs::load`] of an epoch that wants `wanted` when given (a remainder dealt anew
+    /// over another world size, [`EpochPlan::for_rank_of_remainder`], or a position that
+    /// saved it), instead of the share the group's permutation deals.
+    pub fn load_wanted(
+        &mut self,
+        epoch: u64,
+        wanted: Option<&Bitmap>,
+        delivered: &Bitmap,
+    ) -> Result<(), LoadError> {
         if let Some(epoch) = self.current {
             return Err(LoadError::AlreadyStarted { epoch });
         }
-        let mut plan = match &self.group {
-            None => EpochPlan::try_whole(self.n)?,
-            Some(group) => EpochPlan::for_rank(self.n, group, epoch)?,
+        let mut plan = match (&self.group, wanted) {
+            (_, Some(wanted)) => EpochPlan::with_wanted(wanted.clone())?,
+            (None, None) => EpochPlan::try_whole(self.n)?,
+            (Some(group), None) => EpochPlan::for_rank(self.n, group, epoch)?,
         };
+        if plan.dataset_len() != self.n {
+            return Err(LoadError::Plan(PlanError::LengthMismatch {
+                plan: self.n,
+                saved: plan.dataset_len(),
+            }));
+        }
         plan.restore(delivered)?;
         self.next_epoch = epoch;
         self.base_epoch = epoch;
-        self.resume = Some(delivered.clone());
+        self.resume = Some((delivered.clone(), wanted.cloned()));
         Ok(())
     }
 
@@ -270,9 +343,21 @@ impl Epochs {
     /// delivered; a loaded position not begun yet; or the next epoch, nothing delivered.
     pub fn saved(&self) -> (u64, Bitmap) {
         match (self.current, &self.resume) {
-            (None, Some(delivered)) => (self.next_epoch, delivered.clone()),
+            (None, Some((delivered, _))) => (self.next_epoch, delivered.clone()),
             (Some(k), _) if !self.plan.is_complete() => (k, self.plan.delivered_set().clone()),
             _ => (self.next_epoch, Bitmap::new(self.n)),
+        }
+    }
+
+    /// What the epoch [`Epochs::saved`] names wants, when that is not what the group's
+    /// permutation deals (a remainder dealt anew): a saved position must carry it.
+    pub fn saved_wanted(&self) -> Option<Bitmap> {
+        match (self.current, &self.resume) {
+            (None, Some((_, wanted))) => wanted.clone(),
+            (Some(_), _) if self.explicit && !self.plan.is_complete() => {
+                self.plan.wanted().cloned()
+            }
+            _ => None,
         }
     }
 }
@@ -438,5 +523,46 @@ mod tests {
             None,
             "the epoch after the last has no start"
         );
+    }
+
+    #[test]
+    fn a_loaded_remainder_is_the_epoch_then_the_groups_deal_goes_on_and_a_save_carries_it() {
+        let group = GroupSpec {
+            name: "job".into(),
+            rank: 1,
+            world_size: 2,
+            even: crate::plan::Even::Pad,
+        };
+        let mut e = Epochs::new(20, 0, Some(group.clone()), 4, false).unwrap();
+        let mut wanted = Bitmap::new(20);
+        for i in [3, 5, 8] {
+            wanted.set(i);
+        }
+        e.load_wanted(7, Some(&wanted), &Bitmap::new(20)).unwrap();
+        assert_eq!(
+            e.saved_wanted(),
+            Some(wanted.clone()),
+            "not begun: saves as loaded"
+        );
+        e.begin().unwrap();
+        assert!(e.gathered());
+        assert_eq!(e.samples(), 3);
+        assert!(!e.deliver(4), "not in the remainder it was dealt");
+        assert!(e.deliver(5));
+        assert_eq!(e.saved().0, 7);
+        assert_eq!(
+            e.saved_wanted(),
+            Some(wanted),
+            "mid-epoch: the save carries it"
+        );
+        // Its declaration is what is left of it.
+        let (_, _, words) = e.declaration().unwrap();
+        assert_eq!(words[0], (1 << 3) | (1 << 8));
+        assert!(e.deliver(3) && e.deliver(8) && e.is_complete());
+        // The next epoch is the group's deal, with nothing to carry.
+        e.begin().unwrap();
+        assert_eq!(e.saved_wanted(), None);
+        let dealt = crate::plan::deal(20, &group, 8).unwrap();
+        assert_eq!(e.samples(), dealt.len() as u64);
     }
 }

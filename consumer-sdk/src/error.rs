@@ -90,18 +90,34 @@ pub enum ConnectError {
         reason: String,
     },
     /// This consumer's group did not become whole in time: the ranks named never joined.
-    #[error("{}: group {group:?}: rank{} {} never joined within {waited:?} (world size {world_size}); start every rank with the same group name and world size", socket.display(), if missing.len() == 1 { "" } else { "s" }, list(missing))]
+    /// On a group over several nodes (a local world size under the world size) the feed
+    /// waited for this node's ranks only, and says which came.
+    #[error("{}: {}", socket.display(), incomplete(group, missing, *world_size, local, *waited))]
     GroupIncomplete {
         /// The control socket.
         socket: PathBuf,
         /// The group's name.
         group: String,
-        /// Ranks that never said `Hello`.
+        /// Ranks that never said `Hello` (empty on a group over several nodes).
         missing: Vec<u32>,
         /// Ranks in the group.
         world_size: u32,
+        /// The ranks this node's feed waited for, and those that came.
+        local: Box<LocalRanks>,
         /// How long this rank waited.
         waited: Duration,
+    },
+    /// The launcher's environment says something unusable about this rank's group (a
+    /// variable that is not a number).
+    #[error("{}: group {group:?}: {source}", socket.display())]
+    Launch {
+        /// The control socket.
+        socket: PathBuf,
+        /// The group's name.
+        group: String,
+        /// The variable and its value.
+        #[source]
+        source: crate::launch::EnvError,
     },
     /// The group settings cannot work: a rank outside `0..world_size`, or a dataset with
     /// fewer samples than ranks.
@@ -394,6 +410,64 @@ pub enum ResumeError {
     /// share does not hold).
     #[error("the position does not fit its epoch: {0}")]
     Plan(#[source] PlanError),
+    /// The saved state of a group cannot be split over this group's ranks: ranks missing or
+    /// given twice, positions of different epochs, groups or feeds.
+    #[error("the saved state of group {group:?} {reason}")]
+    GroupState {
+        /// The group's name, as saved.
+        group: String,
+        /// What is wrong, in words.
+        reason: String,
+    },
+}
+
+/// The ranks of a group on this node, as [`ConnectError::GroupIncomplete`] says them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalRanks {
+    /// Ranks that said `Hello` to this node's feed (protocol 15; empty from older feeds).
+    pub arrived: Vec<u32>,
+    /// The group's ranks on this node, which the feed waited for.
+    pub local_world_size: u32,
+    /// Where the local world size came from ([`crate::launch::Origin`], as text).
+    pub local_from: String,
+}
+
+/// [`ConnectError::GroupIncomplete`]'s message: who never came, or on a group over several
+/// nodes who came here, and what to check.
+fn incomplete(
+    group: &str,
+    missing: &[u32],
+    world_size: u32,
+    local: &LocalRanks,
+    waited: Duration,
+) -> String {
+    let LocalRanks {
+        arrived,
+        local_world_size: local,
+        local_from,
+    } = local;
+    let local = *local;
+    if local < world_size {
+        format!(
+            "group {group:?}: {} of this node's {local} ranks joined its feed within {waited:?} \
+             (rank{} {}; world size {world_size}, local world size {local} from {local_from}); \
+             start {local} ranks on every node with the same group name, or set \
+             $LOCAL_WORLD_SIZE (or local_world_size=) to the ranks each node runs",
+            arrived.len(),
+            if arrived.len() == 1 { "" } else { "s" },
+            list(arrived),
+        )
+    } else {
+        format!(
+            "group {group:?}: rank{} {} never joined within {waited:?} (world size \
+             {world_size}, every rank on this node's feed: local world size from {local_from}); \
+             start every rank with the same group name and world size, and on several nodes \
+             set $LOCAL_WORLD_SIZE (torchrun does) or local_world_size= so that each node's \
+             feed waits for its own ranks",
+            if missing.len() == 1 { "" } else { "s" },
+            list(missing),
+        )
+    }
 }
 
 /// `[1, 2, 5]` as `1, 2 and 5`.

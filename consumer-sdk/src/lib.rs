@@ -130,6 +130,7 @@ pub mod cuda;
 pub mod epochs;
 mod error;
 mod fields;
+pub mod launch;
 pub mod plan;
 pub mod position;
 pub mod skim;
@@ -139,7 +140,7 @@ pub use consumer::{
     Batch, BatchOf, Consumer, Epoch, EpochOf, MAX_DATASET_LEN, SharedBatch, SharedEpoch,
 };
 pub use convert::{ConvertError, Layout, Normalize, convert_cpu};
-pub use error::{ConnectError, ConsumerError, FieldError, ResumeError};
+pub use error::{ConnectError, ConsumerError, FieldError, LocalRanks, ResumeError};
 pub use fields::{Element, FieldView};
 pub use ladle_ring::PROTOCOL_VERSION;
 pub use ladle_ring::RingLayout;

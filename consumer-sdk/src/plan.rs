@@ -479,6 +479,79 @@ impl EpochPlan {
         })
     }
 
+    /// The plan of rank `spec.rank` of a group resumed with `spec.world_size` ranks from a
+    /// saved epoch `epoch` whose indices not delivered yet are `remainder` (elastic resume:
+    /// the saved group may have had another world size). The remainder, in the order of the
+    /// group's permutation of that epoch, is dealt as an epoch is ([`deal`]'s rule over its
+    /// `m` indices: positions `r, r + W, …`, padded to `W·⌈m/W⌉` with its first indices, or
+    /// cut to `W·⌊m/W⌋`), so the new ranks together deliver each index of it once (plus the
+    /// padding's repeats, or less the cut).
+    pub fn for_rank_of_remainder(
+        n: u64,
+        spec: &GroupSpec,
+        epoch: u64,
+        remainder: &Bitmap,
+    ) -> Result<Self, PlanError> {
+        if remainder.len() != n {
+            return Err(PlanError::LengthMismatch {
+                plan: n,
+                saved: remainder.len(),
+            });
+        }
+        spec.validate(n)?;
+        let oom = |_| PlanError::OutOfMemory { len: n };
+        let seed = seed(&spec.name, epoch);
+        let mut sigma: Vec<u64> = Vec::new();
+        sigma
+            .try_reserve_exact(usize::try_from(remainder.count()).unwrap_or(usize::MAX))
+            .map_err(|_| PlanError::OutOfMemory { len: n })?;
+        let mut keep = |index: u64| {
+            if remainder.get(index) {
+                sigma.push(index);
+            }
+        };
+        if n <= u64::from(u32::MAX) {
+            permutation::<u32>(n, seed)
+                .map_err(oom)?
+                .iter()
+                .for_each(|i| keep(i.get()));
+        } else {
+            permutation::<u64>(n, seed)
+                .map_err(oom)?
+                .iter()
+                .for_each(|i| keep(i.get()));
+        }
+        // Deal's walk over the remainder's m indices; a remainder smaller than the group
+        // gives each rank one index (the padding cycles), or none when cut.
+        let mut wanted = Bitmap::try_new(n).map_err(|_| PlanError::OutOfMemory { len: n })?;
+        let m = sigma.len() as u64;
+        let w = u64::from(spec.world_size);
+        let total = share_len(m, spec) * w;
+        let mut p = u64::from(spec.rank);
+        while p < total {
+            wanted.set(sigma[(p % m) as usize]);
+            p += w;
+        }
+        Self::with_wanted(wanted)
+    }
+
+    /// A plan that wants exactly `wanted` (over `0..N`, its length), nothing delivered: a
+    /// rank's share saved explicitly ([`crate::SavedPosition::wanted`]).
+    pub fn with_wanted(wanted: Bitmap) -> Result<Self, PlanError> {
+        let n = wanted.len();
+        Ok(Self {
+            n,
+            target: wanted.count(),
+            wanted: Some(wanted),
+            delivered: Bitmap::try_new(n).map_err(|_| PlanError::OutOfMemory { len: n })?,
+        })
+    }
+
+    /// The indices this plan wants (`None`: all of `0..N`).
+    pub fn wanted(&self) -> Option<&Bitmap> {
+        self.wanted.as_ref()
+    }
+
     /// The dataset's length `N`.
     pub fn dataset_len(&self) -> u64 {
         self.n
@@ -517,6 +590,25 @@ impl EpochPlan {
     /// How many it has still to deliver.
     pub fn remaining(&self) -> u64 {
         self.target - self.delivered.count()
+    }
+
+    /// What it has still to deliver, as bitmap words over `0..N` (bit `i` of word `w` is
+    /// index `64·w + i`): wanted and not delivered yet. What a consumer declares it needs.
+    pub fn remaining_words(&self) -> Vec<u64> {
+        let delivered = self.delivered.words();
+        let mut words: Vec<u64> = match &self.wanted {
+            None => delivered.iter().map(|d| !d).collect(),
+            Some(wanted) => (wanted.words().iter().zip(delivered))
+                .map(|(w, d)| w & !d)
+                .collect(),
+        };
+        let tail = self.n % 64;
+        if tail != 0
+            && let Some(last) = words.last_mut()
+        {
+            *last &= (1 << tail) - 1;
+        }
+        words
     }
 
     /// Whether every index wanted was delivered.

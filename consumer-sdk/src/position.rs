@@ -12,10 +12,11 @@
 //! joins late. The batch size and `drop_last` are recorded for the caller to compare; they
 //! change the batches, not the set.
 //!
-//! ## Format, version 2
-//! Little-endian; a string is a `u32` byte length and that many bytes of UTF-8. Version 1 is
-//! the same without the identity's `files` and `sizes` (read as empty: such a position is
-//! checked against the feed's source path, as it was when saved).
+//! ## Format, version 3
+//! Little-endian; a string is a `u32` byte length and that many bytes of UTF-8. Version 2 is
+//! the same without the wanted flag (read as no wanted set), version 1 also without the
+//! identity's `files` and `sizes` (read as empty: such a position is checked against the
+//! feed's source path, as it was when saved).
 //!
 //! | field                 | bytes                                                           |
 //! |-----------------------|-----------------------------------------------------------------|
@@ -26,9 +27,10 @@
 //! | batch size, drop_last | `u32`, `u8` (0 or 1)                                            |
 //! | group                 | `u8` 0 (none) or 1, then name (str), rank `u32`, world size `u32`, even `u8` (0 pad, 1 drop) |
 //! | delivered set         | length `N` (`u64`, = the identity's len), encoding `u8`, payload |
+//! | wanted set            | `u8` 0 (the rank's dealt share, or a whole epoch) or 1, then encoding `u8`, payload: what the epoch wants when a group resumed with another world size dealt its remainder anew ([`crate::Consumer::load_group_positions`]) |
 //! | checksum              | `u64`: FNV-1a 64 of every byte before it                        |
 //!
-//! The delivered set takes the smallest of three encodings ([`SavedPosition::encode`] picks):
+//! Each set takes the smallest of three encodings ([`SavedPosition::encode`] picks):
 //!
 //! | tag | encoding                | payload                                                   |
 //! |-----|-------------------------|-----------------------------------------------------------|
@@ -39,16 +41,16 @@
 //! A single changed byte always changes the checksum (each FNV-1a step is a bijection of its
 //! state), so it is caught.
 //!
-//! Sizes: the fixed fields take 83 bytes, the identity's strings their length, a group 13
+//! Sizes: the fixed fields take 84 bytes, the identity's strings their length, a group 13
 //! bytes and its name; then the payload (an empty list: its count, 1 byte). For ImageNet (`N` =
 //! 1 281 167), with 84 bytes of identity strings (the two data digests 32 of them) and no
 //! group (the test `imagenet_positions_are_small` prints them):
 //!
 //! | delivered           | encoding       | bytes   |
 //! |---------------------|----------------|---------|
-//! | none (epoch start)  | delivered list | 168     |
-//! | 40%, at random      | bitmap         | 160 313 (`⌈N/8⌉` = 160 146 + 167) |
-//! | all (epoch end)     | missing list   | 168     |
+//! | none (epoch start)  | delivered list | 169     |
+//! | 40%, at random      | bitmap         | 160 314 (`⌈N/8⌉` = 160 146 + 168) |
+//! | all (epoch end)     | missing list   | 169     |
 //!
 //! A list costs about a byte per index while the gaps stay under 128, so it wins below about
 //! 1/8 (or above 7/8) of `N` delivered, and the bitmap between.
@@ -71,10 +73,10 @@ use crate::plan::{
 pub const MAGIC: [u8; 8] = *b"LADLEPOS";
 
 /// The format version [`SavedPosition::encode`] writes.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The format versions [`SavedPosition::decode`] reads.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3];
 
 /// Delivered-set encodings (the tag byte).
 const BITMAP: u8 = 0;
@@ -91,6 +93,10 @@ pub struct SavedPosition {
     /// The indices that epoch has delivered; its length is the dataset's, `identity.len`
     /// ([`SavedPosition::decode`] refuses another).
     pub delivered: Bitmap,
+    /// What that epoch wants, when it is not what the group's permutation deals: a
+    /// remainder dealt anew over another world size ([`crate::Consumer::load_group_positions`],
+    /// format version 3). `None`: a whole epoch, or the rank's dealt share.
+    pub wanted: Option<Bitmap>,
     /// The group this consumer is a rank of, if any: the plan's group name, rank, world size
     /// and evening.
     pub group: Option<GroupSpec>,
@@ -313,21 +319,13 @@ impl SavedPosition {
                 });
             }
         }
-        let set = &self.delivered;
-        out.extend_from_slice(&set.len().to_le_bytes());
-        match smallest_encoding(set) {
-            BITMAP => {
-                out.push(BITMAP);
-                let bytes = set.len().div_ceil(8) as usize;
-                out.extend(set.words().iter().flat_map(|w| w.to_le_bytes()).take(bytes));
-            }
-            DELIVERED_LIST => {
-                out.push(DELIVERED_LIST);
-                put_list(&mut out, set.count(), set.iter_ones());
-            }
-            _ => {
-                out.push(MISSING_LIST);
-                put_list(&mut out, set.len() - set.count(), set.iter_zeros());
+        out.extend_from_slice(&self.delivered.len().to_le_bytes());
+        put_set(&mut out, &self.delivered);
+        match &self.wanted {
+            None => out.push(0),
+            Some(wanted) => {
+                out.push(1);
+                put_set(&mut out, wanted);
             }
         }
         let checksum = fnv1a64(&out);
@@ -475,33 +473,22 @@ impl SavedPosition {
         if let Some(group) = &group {
             group.validate(n).map_err(PositionError::BadGroup)?;
         }
-        // Find the payload's extent and check it without allocating, then the checksum,
+        // Find the payloads' extents and check them without allocating, then the checksum,
         // and only then allocate the N bits.
-        let tag = r.u8("delivered encoding")?;
-        let payload_at = r.at;
-        let count = match tag {
-            BITMAP => {
-                r.take("delivered bitmap", n.div_ceil(8))?;
-                None
-            }
-            DELIVERED_LIST | MISSING_LIST => {
-                let count = r.varint("list count")?;
-                if count > n {
-                    return Err(PositionError::ListTooLong { count, len: n });
+        let delivered = scan_set(&mut r, n, ("delivered encoding", "delivered bitmap"))?;
+        let wanted = if version >= 3 {
+            match r.u8("wanted flag")? {
+                0 => None,
+                1 => Some(scan_set(&mut r, n, ("wanted encoding", "wanted bitmap"))?),
+                value => {
+                    return Err(PositionError::BadTag {
+                        field: "wanted flag",
+                        value,
+                    });
                 }
-                if count > r.left() {
-                    // Every entry takes at least a byte.
-                    return Err(truncated("index list", r.at as u64, count, r.left_usize()));
-                }
-                scan_list(&mut r, count, n, |_| ())?;
-                Some(count)
             }
-            value => {
-                return Err(PositionError::BadTag {
-                    field: "delivered encoding",
-                    value,
-                });
-            }
+        } else {
+            None
         };
         let body_end = r.at;
         let stored = r.u64("checksum")?;
@@ -513,46 +500,21 @@ impl SavedPosition {
             return Err(PositionError::BadChecksum { stored, computed });
         }
 
-        let oom = |_| PositionError::OutOfMemory { len: n };
-        let delivered = match count {
-            None => {
-                let payload = &bytes[payload_at..body_end];
-                let words = usize::try_from(n.div_ceil(64)).unwrap_or(usize::MAX);
-                let mut words =
-                    try_zeroed(words).map_err(|_| PositionError::OutOfMemory { len: n })?;
-                for (word, chunk) in words.iter_mut().zip(payload.chunks(8)) {
-                    let mut le = [0u8; 8];
-                    le[..chunk.len()].copy_from_slice(chunk);
-                    *word = u64::from_le_bytes(le);
-                }
-                Bitmap::from_words(n, words).map_err(|e| match e {
-                    BitmapError::BitPastEnd { len, index } => {
-                        PositionError::BitPastEnd { len, index }
-                    }
-                    // The words are ⌈n/64⌉, so the only other refusal cannot happen.
-                    _ => PositionError::OutOfMemory { len: n },
-                })?
-            }
-            Some(count) => {
-                let mut set = Bitmap::try_new(n).map_err(oom)?;
-                let mut r = Reader {
-                    bytes: &bytes[..body_end],
-                    at: payload_at,
-                };
-                r.varint("list count")?;
-                scan_list(&mut r, count, n, |index| {
-                    set.set(index);
-                })?;
-                if tag == MISSING_LIST {
-                    set.complement();
-                }
-                set
-            }
+        let delivered = delivered.read(&bytes[..body_end], n)?;
+        let wanted = match wanted {
+            Some(set) => Some(set.read(&bytes[..body_end], n)?),
+            None => None,
         };
+        if let Some(wanted) = &wanted
+            && let Some(index) = delivered.iter_ones().find(|&i| !wanted.get(i))
+        {
+            return Err(PositionError::BadGroup(PlanError::NotWanted { index }));
+        }
         Ok(Self {
             identity,
             epoch,
             delivered,
+            wanted,
             group,
             batch_size,
             drop_last,
@@ -715,6 +677,114 @@ impl<'a> Reader<'a> {
         Err(PositionError::BadVarint { field, offset })
     }
 }
+
+/// Writes `set` in its smallest encoding: the tag, then the payload.
+fn put_set(out: &mut Vec<u8>, set: &Bitmap) {
+    match smallest_encoding(set) {
+        BITMAP => {
+            out.push(BITMAP);
+            let bytes = set.len().div_ceil(8) as usize;
+            out.extend(set.words().iter().flat_map(|w| w.to_le_bytes()).take(bytes));
+        }
+        DELIVERED_LIST => {
+            out.push(DELIVERED_LIST);
+            put_list(out, set.count(), set.iter_ones());
+        }
+        _ => {
+            out.push(MISSING_LIST);
+            put_list(out, set.len() - set.count(), set.iter_zeros());
+        }
+    }
+}
+
+/// Where a set's payload lies, found and checked without allocating.
+struct ScannedSet {
+    tag: u8,
+    at: usize,
+    count: Option<u64>,
+}
+
+/// Scans a set of `n` bits at `r` (its tag and payload): the payload's extent, every list
+/// entry in range, nothing allocated.
+fn scan_set(
+    r: &mut Reader<'_>,
+    n: u64,
+    (encoding, bitmap): (&'static str, &'static str),
+) -> Result<ScannedSet, PositionError> {
+    let tag = r.u8(encoding)?;
+    let at = r.at;
+    let count = match tag {
+        BITMAP => {
+            r.take(bitmap, n.div_ceil(8))?;
+            None
+        }
+        DELIVERED_LIST | MISSING_LIST => {
+            let count = r.varint("list count")?;
+            if count > n {
+                return Err(PositionError::ListTooLong { count, len: n });
+            }
+            if count > r.left() {
+                // Every entry takes at least a byte.
+                return Err(truncated("index list", r.at as u64, count, r.left_usize()));
+            }
+            scan_list(r, count, n, |_| ())?;
+            Some(count)
+        }
+        value => {
+            return Err(PositionError::BadTag {
+                field: encoding,
+                value,
+            });
+        }
+    };
+    Ok(ScannedSet { tag, at, count })
+}
+
+impl ScannedSet {
+    /// The set's `n` bits, from the checksummed `body`.
+    fn read(&self, body: &[u8], n: u64) -> Result<Bitmap, PositionError> {
+        let oom = |_| PositionError::OutOfMemory { len: n };
+        match self.count {
+            None => {
+                let end = self.at + usize::try_from(n.div_ceil(8)).unwrap_or(usize::MAX);
+                let payload = &body[self.at..end];
+                let words = usize::try_from(n.div_ceil(64)).unwrap_or(usize::MAX);
+                let mut words =
+                    try_zeroed(words).map_err(|_| PositionError::OutOfMemory { len: n })?;
+                for (word, chunk) in words.iter_mut().zip(payload.chunks(8)) {
+                    let mut le = [0u8; 8];
+                    le[..chunk.len()].copy_from_slice(chunk);
+                    *word = u64::from_le_bytes(le);
+                }
+                Bitmap::from_words(n, words).map_err(|e| match e {
+                    BitmapError::BitPastEnd { len, index } => {
+                        PositionError::BitPastEnd { len, index }
+                    }
+                    // The words are ⌈n/64⌉, so the only other refusal cannot happen.
+                    _ => PositionError::OutOfMemory { len: n },
+                })
+            }
+            Some(count) => {
+                let mut set = Bitmap::try_new(n).map_err(oom)?;
+                let mut r = Reader {
+                    bytes: body,
+                    at: self.at,
+                };
+                r.varint("list count")?;
+                scan_list(&mut r, count, n, |index| {
+                    set.set(index);
+                })?;
+                if self.tag == MISSING_LIST {
+                    set.complement();
+                }
+                Ok(set)
+            }
+        }
+    }
+}
+
+mod group;
+pub use group::{group_state, remainder};
 
 #[cfg(test)]
 mod tests;

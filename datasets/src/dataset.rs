@@ -101,6 +101,14 @@ pub trait Dataset: Send + Sync + fmt::Debug {
         limits: &SampleLimits,
     ) -> Result<RecordData<'a>, SampleError>;
 
+    /// The size and modification time of sample `index`'s file, for a decoded-sample cache
+    /// to tell a rewritten file from the one it decoded ([`crate::cache`]); `None` (the
+    /// default) for a sample no cache keeps.
+    fn stamp(&self, index: u64) -> Result<Option<crate::cache::Stamp>, SampleError> {
+        let _ = index;
+        Ok(None)
+    }
+
     /// What the samples are, independent of where the dataset lies: digests of their
     /// relative names and of their sizes, in index order ([`crate::fingerprint`]). Costs a
     /// `stat` per file for an ImageFolder; computed on each call.

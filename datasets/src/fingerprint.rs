@@ -30,7 +30,7 @@ pub struct Fingerprint {
 
 /// FNV-1a, 64 bits: the hash positions already use (stable across builds and platforms).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Fnv(u64);
+pub struct Fnv(u64);
 
 impl Default for Fnv {
     fn default() -> Self {
@@ -39,14 +39,16 @@ impl Default for Fnv {
 }
 
 impl Fnv {
-    pub(crate) fn write(&mut self, bytes: &[u8]) {
+    /// Adds `bytes`.
+    pub fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 ^= u64::from(b);
             self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
         }
     }
 
-    pub(crate) fn hex(self) -> String {
+    /// The digest, 16 hex digits.
+    pub fn hex(self) -> String {
         format!("{:016x}", self.0)
     }
 }

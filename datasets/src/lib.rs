@@ -85,6 +85,7 @@
 //! files an ImageFolder leaves out, counted by extension. Nothing is logged on the per-sample
 //! hot path otherwise.
 
+pub mod cache;
 mod dataset;
 pub mod decode;
 mod error;

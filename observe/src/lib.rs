@@ -309,8 +309,12 @@ mod tests {
             joins: 0,
             leaves: 0,
             let_gos: 0,
+            consumed: 0,
+            skims: 0,
+            holes: 0,
             consumers: Vec::new(),
             consumers_omitted: 0,
+            cache: None,
         }
     }
 

@@ -24,6 +24,9 @@
 //! | `ladle_feed_producer_cpu_seconds_total` | feed | CPU seconds of the producer process, all threads |
 //! | `ladle_feed_dataset_samples` | feed | samples per epoch |
 //! | `ladle_feed_decode_threads` | feed | decode threads |
+//! | `ladle_feed_cache_hits_total` | feed | samples augmented from the decoded-sample cache (decodes saved); only for a feed with a cache |
+//! | `ladle_feed_cache_misses_total` | feed | samples that found no cache entry and were decoded |
+//! | `ladle_feed_cache_fills_total` | feed | cache entries this feed filled |
 //! | `ladle_consumer_lag_samples` | feed, consumer, consumer_id | published samples it has not released |
 //! | `ladle_consumer_samples_per_second` | feed, consumer, consumer_id | samples it released per second over the last look |
 //! | `ladle_consumer_released_total` | feed, consumer, consumer_id | samples it released since it joined |
@@ -244,6 +247,17 @@ fn feeds(b: &mut Builder, rows: &Rows) {
         Some(Unit::Other("samples".into())),
     );
     let threads = b.gauge("feed_decode_threads", "Decode threads", None);
+    let cache_hits = b.counter(
+        "feed_cache_hits",
+        "Samples augmented from the decoded-sample cache: decodes saved",
+        None,
+    );
+    let cache_misses = b.counter(
+        "feed_cache_misses",
+        "Samples that found no entry in the decoded-sample cache and were decoded",
+        None,
+    );
+    let cache_fills = b.counter("feed_cache_fills", "Cache entries this feed filled", None);
     for f in &rows.feeds {
         let l: Labels = vec![("feed", f.feed.clone())];
         count(&published, &l, f.published as f64);
@@ -261,6 +275,11 @@ fn feeds(b: &mut Builder, rows: &Rows) {
         count(&cpu, &l, f.cpu_s);
         set(&dataset, &l, f.dataset_len as f64);
         set(&threads, &l, f64::from(f.threads));
+        if f.cache_hits + f.cache_misses > 0 {
+            count(&cache_hits, &l, f.cache_hits as f64);
+            count(&cache_misses, &l, f.cache_misses as f64);
+            count(&cache_fills, &l, f.cache_fills as f64);
+        }
     }
 }
 

@@ -297,6 +297,9 @@ mod tests {
                 cpu_cores: 0.5,
                 dataset_len: 50,
                 threads: 2,
+                cache_hits: 0,
+                cache_misses: 0,
+                cache_fills: 0,
             }],
             consumers: vec![ConsumerRow {
                 time,

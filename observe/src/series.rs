@@ -74,6 +74,24 @@ pub struct FeedRow {
     pub dataset_len: u64,
     /// Decode threads.
     pub threads: u32,
+    /// Samples augmented from the decoded-sample cache since the start: decodes saved (0
+    /// without a cache).
+    #[serde(default)]
+    pub cache_hits: u64,
+    /// Samples that found no entry in the cache and were decoded.
+    #[serde(default)]
+    pub cache_misses: u64,
+    /// Cache entries this feed filled.
+    #[serde(default)]
+    pub cache_fills: u64,
+}
+
+impl FeedRow {
+    /// The cache's hit rate since the start, `None` without a cache (or before a lookup).
+    pub fn cache_hit_rate(&self) -> Option<f64> {
+        let lookups = self.cache_hits + self.cache_misses;
+        (lookups > 0).then(|| self.cache_hits as f64 / lookups as f64)
+    }
 }
 
 /// One consumer of one feed at one instant.
@@ -263,6 +281,9 @@ impl Rates {
                 cpu_cores: per_second(stats.cpu_s, prev.map_or(0.0, |p| p.cpu_s)),
                 dataset_len: stats.dataset_len,
                 threads: stats.threads,
+                cache_hits: stats.cache.map_or(0, |c| c.hits),
+                cache_misses: stats.cache.map_or(0, |c| c.misses),
+                cache_fills: stats.cache.map_or(0, |c| c.fills),
             });
             for c in &stats.consumers {
                 let before = prev.and_then(|p| p.consumers.iter().find(|b| b.id == c.id));
@@ -413,6 +434,9 @@ mod tests {
             joins: 1,
             leaves: 0,
             let_gos: 0,
+            consumed: 0,
+            skims: 0,
+            holes: 0,
             consumers: vec![ConsumerInfo {
                 id: 3,
                 name: "\"run-00\"".into(),
@@ -430,6 +454,12 @@ mod tests {
                 skims: 0,
             }],
             consumers_omitted: 0,
+            cache: Some(ladle_ring::protocol::CacheStats {
+                hits: published / 2,
+                misses: published - published / 2,
+                fills: 3,
+                ..Default::default()
+            }),
         }
     }
 

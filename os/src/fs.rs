@@ -45,6 +45,98 @@ pub fn too_many_open_files() -> io::Error {
     io::Error::from_raw_os_error(libc::EMFILE)
 }
 
+/// Why a directory cannot be used as a private one ([`private_dir`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrivateDirError {
+    /// It could not be created or looked at.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Something other than a directory is there (a symbolic link included: it is not
+    /// followed).
+    #[error("{}: not a directory (a {what}); refusing to use it", path.display())]
+    NotADirectory {
+        /// The path.
+        path: std::path::PathBuf,
+        /// What is there instead.
+        what: &'static str,
+    },
+    /// The directory belongs to another user.
+    #[error("{}: owned by uid {owner}, not by this user (uid {ours}); refusing to use it", path.display())]
+    Foreign {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// This process's effective uid.
+        ours: u32,
+    },
+    /// Other users may read, enter or write it.
+    #[error("{}: mode {mode:04o} lets other users in; it must be 0700 (chmod 700 it, or remove it)", path.display())]
+    Open {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Makes sure `path` is a directory only this user can use: created with mode 0700 if
+/// missing (its parent must exist), else checked without following a link: a directory,
+/// owned by this process's effective uid, with no permission for group or others. Nothing
+/// is changed on a directory that fails the check.
+pub fn private_dir(path: &Path) -> Result<(), PrivateDirError> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+    let io = |source| PrivateDirError::Io {
+        path: path.into(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    let kind = meta.file_type();
+    if !kind.is_dir() {
+        let what = if kind.is_symlink() {
+            "symbolic link"
+        } else if kind.is_socket() {
+            "socket"
+        } else if kind.is_fifo() {
+            "FIFO"
+        } else {
+            "file"
+        };
+        return Err(PrivateDirError::NotADirectory {
+            path: path.into(),
+            what,
+        });
+    }
+    let ours = crate::process::my_uid();
+    if meta.uid() != ours {
+        return Err(PrivateDirError::Foreign {
+            path: path.into(),
+            owner: meta.uid(),
+            ours,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(PrivateDirError::Open {
+            path: path.into(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +165,52 @@ mod tests {
         let file = open_nonblocking(&fifo).unwrap();
         assert!(file.metadata().unwrap().file_type().is_fifo());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_private_dir_is_made_0700_and_an_open_linked_or_foreign_one_is_refused_untouched() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("reg");
+        private_dir(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        private_dir(&dir).unwrap();
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = private_dir(&dir).unwrap_err();
+        assert!(
+            matches!(err, PrivateDirError::Open { mode: 0o777, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("0777"), "{err}");
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o777, "left as it was");
+
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let err = private_dir(&link).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PrivateDirError::NotADirectory {
+                    what: "symbolic link",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        if crate::process::my_uid() == 0 {
+            let foreign = root.path().join("foreign");
+            std::fs::create_dir(&foreign).unwrap();
+            std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+            let err = private_dir(&foreign).unwrap_err();
+            assert!(
+                matches!(err, PrivateDirError::Foreign { owner: 65534, .. }),
+                "{err}"
+            );
+        }
     }
 }

@@ -18,6 +18,7 @@
 //!   what every signal to a process ladle did not just start goes through), process groups,
 //!   owners, and exclusive lock files.
 //! - [`clock`]: this process's and this thread's CPU time.
+//! - [`mem`]: how much host memory is free for this process (meminfo and its cgroup's limit).
 //! - [`fs`]: opening a file without blocking on a FIFO, and the errors that mean "out of a
 //!   resource, try later" rather than "this file is bad".
 //!
@@ -42,6 +43,7 @@
 pub mod clock;
 pub mod fs;
 pub mod futex;
+pub mod mem;
 pub mod net;
 pub mod proc;
 pub mod process;

@@ -265,6 +265,27 @@ impl Proc {
     }
 }
 
+/// Starts `command` as the leader of a new session (`setsid`), with the stdio it was given:
+/// no terminal, no process group of its starter, so that a signal to the starter's group (a
+/// Ctrl-C, a job launcher killing a worker's group) does not reach it. It is not killed when
+/// the returned child is dropped: this is how a process that must outlive its starter (a feed
+/// started on demand) is started. Reap it, or let it be reparented when the starter exits.
+///
+/// # Errors
+/// The spawn's error (the program missing, say).
+pub fn spawn_session(command: &mut Command) -> std::io::Result<std::process::Child> {
+    // SAFETY: the closure runs in the child between fork and exec and calls only setsid(2),
+    // which is async-signal-safe, allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    command.spawn()
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
@@ -285,6 +306,23 @@ mod tests {
             s.lines()
                 .any(|l| l.starts_with("State:") && !l.contains("zombie"))
         })
+    }
+
+    #[test]
+    fn a_session_child_leads_its_own_session_and_group() {
+        let child = spawn_session(
+            Command::new("sh")
+                .args(["-c", "exec cat /proc/self/stat"])
+                .stdout(Stdio::piped()),
+        )
+        .unwrap();
+        let pid = child.id();
+        let out = child.wait_with_output().unwrap();
+        let stat = String::from_utf8(out.stdout).unwrap();
+        // After the name's last ')': state, ppid, pgrp, session.
+        let rest: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        assert_eq!(rest[2], pid.to_string(), "its own group: {stat}");
+        assert_eq!(rest[3], pid.to_string(), "its own session: {stat}");
     }
 
     #[test]

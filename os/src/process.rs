@@ -231,6 +231,68 @@ pub fn lock_file(path: &Path) -> io::Result<Option<File>> {
     }
 }
 
+/// Waits for the exclusive lock of [`lock_file`] until `deadline`, trying every few
+/// milliseconds; `Ok(None)` when another process still holds it then.
+pub fn lock_file_wait(path: &Path, deadline: std::time::Instant) -> io::Result<Option<File>> {
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        if let Some(file) = lock_file(path)? {
+            return Ok(Some(file));
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether some process holds a `flock` on `path` that excludes a shared one (the exclusive
+/// lock of [`lock_file`]): a shared lock is tried and dropped at once. A missing file is not
+/// locked. This is how a process that holds a lock for its whole life is seen to be alive:
+/// the kernel drops the lock when the process dies, however it dies.
+pub fn is_locked(path: &Path) -> io::Result<bool> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => Ok(false),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Takes a shared `flock` on `path` (created if missing), waiting for it if an exclusive one
+/// is held; held until the returned file is dropped (or the process dies). Any number of
+/// processes may hold it at once; [`is_held_shared`] sees whether any does.
+pub fn hold_shared(path: &Path) -> io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)?;
+    Ok(file)
+}
+
+/// Whether any process holds a shared (or exclusive) `flock` on `path`: an exclusive lock is
+/// tried and dropped at once. A missing file is not held.
+pub fn is_held_shared(path: &Path) -> io::Result<bool> {
+    let file = match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(false),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::CommandExt;
@@ -247,6 +309,38 @@ mod tests {
             ('S', 4240, 98765)
         );
         assert_eq!(parse_stat("4242 (x) S 1"), None, "cut short");
+    }
+
+    #[test]
+    fn a_lock_is_seen_held_while_its_file_is_open_and_free_once_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.live");
+        assert!(!is_locked(&path).unwrap(), "a missing file is not locked");
+        let held = lock_file(&path).unwrap().unwrap();
+        assert!(is_locked(&path).unwrap());
+        assert!(
+            lock_file(&path).unwrap().is_none(),
+            "flock is per open file"
+        );
+        let soon = std::time::Instant::now() + std::time::Duration::from_millis(30);
+        assert!(lock_file_wait(&path, soon).unwrap().is_none());
+        drop(held);
+        assert!(!is_locked(&path).unwrap());
+        let again = lock_file_wait(&path, std::time::Instant::now()).unwrap();
+        assert!(again.is_some());
+    }
+
+    #[test]
+    fn shared_holds_are_seen_until_the_last_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.hold");
+        assert!(!is_held_shared(&path).unwrap());
+        let (a, b) = (hold_shared(&path).unwrap(), hold_shared(&path).unwrap());
+        assert!(is_held_shared(&path).unwrap());
+        drop(a);
+        assert!(is_held_shared(&path).unwrap());
+        drop(b);
+        assert!(!is_held_shared(&path).unwrap());
     }
 
     #[test]

@@ -169,3 +169,12 @@ pub fn size_sealed(fd: BorrowedFd<'_>) -> bool {
     rustix::fs::fcntl_get_seals(fd)
         .is_ok_and(|seals| seals.contains(SealFlags::SHRINK | SealFlags::GROW))
 }
+
+/// Whether the file behind `fd` is sealed against every writer ([`seal_against_writers`]'s
+/// seals): nobody can resize it, map it writable or `write(2)` it any more, except through a
+/// writable mapping made before the seal. What a process that lends a memfd to others checks.
+pub fn sealed_against_writers(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_get_seals(fd).is_ok_and(|seals| {
+        seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE)
+    })
+}

@@ -37,9 +37,9 @@ pub struct ProducerConfig {
     /// Connections served at once (admitted consumers and handshakes in progress); more are
     /// refused with a clear reason.
     pub max_connections: usize,
-    /// Stop once the last consumer has been gone this long (after at least one joined);
-    /// `None`: serve until stopped.
-    pub keep_alive: Option<Duration>,
+    /// When the feed stops by itself (after its last consumer left, or when none ever
+    /// came); `Default`: never, it serves until stopped.
+    pub lifetime: crate::Lifetime,
     /// How far ahead of its consumers the feed decodes.
     pub read_ahead: ReadAhead,
     /// Whether a consumer that keeps holding the others back is asked to skim.
@@ -47,6 +47,10 @@ pub struct ProducerConfig {
     /// What one sample of an image feed may cost (its file's bytes, its pixels); a sample
     /// above either is a bad sample. Unused by a [`CustomSource`](crate::CustomSource).
     pub limits: SampleLimits,
+    /// The decoded-sample cache shared by every feed of the dataset (`ladle-cache`): how to
+    /// reach its keeper, or start one. `None` (the default): no cache, every sample decoded.
+    /// Only datasets whose files carry a stamp are cached (ImageFolder).
+    pub cache: Option<ladle_cache::KeeperStart>,
 }
 
 /// How far ahead of what its consumers asked for a feed decodes: samples decoded beyond that
@@ -107,10 +111,11 @@ impl Default for ProducerConfig {
             policy: BadSamplePolicy::Skip,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            keep_alive: None,
+            lifetime: crate::Lifetime::default(),
             read_ahead: ReadAhead::Auto,
             pacing: Pacing::Skim,
             limits: SampleLimits::default(),
+            cache: None,
         }
     }
 }

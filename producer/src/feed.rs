@@ -153,22 +153,97 @@ mod model {
         /// Skimming: it has no cut point, and takes a sample that passes only when its own
         /// pace lets it: with one chance in `skim` (the rest roll out of the ring unseen).
         skim: Option<u64>,
+        /// What the producer knows it needs (its declarations, once they arrived).
+        needs: crate::needs::Needs,
+        /// Declarations sent and not arrived yet: `(arrives at, from, to, words)`.
+        pending: Vec<(u64, u64, u64, Vec<u64>)>,
+        /// How many positions a declaration takes to arrive.
+        lag: u64,
     }
 
     impl Reader {
-        fn join(n: u64, seq: u64, group: Option<GroupSpec>, resume: Option<(u64, Bitmap)>) -> Self {
+        fn join(
+            n: u64,
+            seq: u64,
+            group: Option<GroupSpec>,
+            resume: Option<(u64, Bitmap)>,
+            lag: u64,
+        ) -> Self {
             let mut epochs = Epochs::new(n, seq, group.clone(), 4, false).unwrap();
             if let Some((epoch, delivered)) = resume {
                 epochs.load(epoch, &delivered).unwrap();
             }
             let begun = epochs.begin().unwrap();
-            Self {
+            let mut reader = Self {
                 epochs,
                 group,
                 start: seq,
                 next_seq: begun.start.unwrap(),
                 epochs_done: 0,
                 skim: None,
+                needs: crate::needs::Needs::default(),
+                pending: Vec::new(),
+                lag,
+            };
+            reader.declare(seq);
+            reader
+        }
+
+        /// Sends what the SDK says its epoch needs (if gathered), and a rank's next epoch,
+        /// arriving `lag` later, as the SDK's `Consumer::declare` does.
+        fn declare(&mut self, seq: u64) {
+            if let Some((from, to, words)) = self.epochs.declaration() {
+                self.pending.push((seq + self.lag, from, to, words));
+                if let Some((from, to, words)) = self.epochs.next_declaration() {
+                    self.pending.push((seq + self.lag, from, to, words));
+                }
+            }
+        }
+
+        /// Declarations that arrived by `seq` are installed, as the server does.
+        fn arrive(&mut self, seq: u64) {
+            let (now, later): (Vec<_>, Vec<_>) =
+                self.pending.drain(..).partition(|(at, ..)| *at <= seq);
+            self.pending = later;
+            for (_, from, to, words) in now {
+                self.needs.declare(self.start, from, to, words).unwrap();
+            }
+        }
+
+        /// Whether the producer thinks it needs `index` at `seq` (a skimmer too: it declares
+        /// an open window, protocol 16).
+        fn needs(&self, seq: u64, index: u64) -> bool {
+            self.needs.needs(seq, index)
+        }
+
+        /// Sequence `seq` passes as a hole: nothing to deliver, but a window may end (a
+        /// skimmer has none: it waits for its indices to pass again, decoded).
+        fn pass_hole(&mut self, seq: u64) {
+            if seq < self.next_seq {
+                return;
+            }
+            self.next_seq = seq + 1;
+            if self.skim.is_none() {
+                self.window_may_end(seq);
+            }
+        }
+
+        /// After sequence `seq`: an epoch whose window ends must be complete, and one that
+        /// completes early (a gathered one) hands over to the next.
+        fn window_may_end(&mut self, seq: u64) {
+            let number = self.epochs.current().unwrap();
+            let end = self.epochs.end(number).unwrap();
+            if self.epochs.is_complete() || seq + 1 == end {
+                assert!(
+                    self.epochs.is_complete(),
+                    "epoch {number} (window ending at {end}) ended with {} of {} delivered",
+                    self.epochs.delivered(),
+                    self.epochs.samples()
+                );
+                self.epochs_done += 1;
+                let begun = self.epochs.begin().unwrap();
+                self.next_seq = self.next_seq.max(begun.start.unwrap());
+                self.declare(seq);
             }
         }
 
@@ -194,23 +269,12 @@ mod model {
                 if self.epochs.is_complete() {
                     self.epochs_done += 1;
                     self.epochs.begin().unwrap();
+                    self.declare(seq);
                 }
                 return;
             }
             self.epochs.deliver(index);
-            let number = self.epochs.current().unwrap();
-            let end = self.epochs.end(number).unwrap();
-            if self.epochs.is_complete() || seq + 1 == end {
-                assert!(
-                    self.epochs.is_complete(),
-                    "epoch {number} (window ending at {end}) ended with {} of {} delivered",
-                    self.epochs.delivered(),
-                    self.epochs.samples()
-                );
-                self.epochs_done += 1;
-                let begun = self.epochs.begin().unwrap();
-                self.next_seq = self.next_seq.max(begun.start.unwrap());
-            }
+            self.window_may_end(seq);
         }
     }
 
@@ -242,6 +306,133 @@ mod model {
         ]
     }
 
+    /// Runs `readers` over the feed for `len` positions; returns how many were decoded.
+    fn run(n: u64, readers: &mut [Reader], len: u64) -> u64 {
+        let mut feed = Feed::new(n, 7);
+        let mut cuts = CutPoints::default();
+        for r in readers.iter() {
+            cuts.add(r.start % n);
+        }
+        let mut decoded = 0;
+        for seq in 0..len {
+            let (index, _) = feed.index_of(seq, &cuts);
+            for r in readers.iter_mut() {
+                r.arrive(seq);
+            }
+            if readers.iter().any(|r| r.needs(seq, index)) {
+                decoded += 1;
+                for r in readers.iter_mut() {
+                    r.pass(seq, index);
+                }
+            } else {
+                for r in readers.iter_mut() {
+                    r.pass_hole(seq);
+                }
+            }
+        }
+        decoded
+    }
+
+    /// A position saved with all but `left` of epoch 0's indices delivered.
+    fn saved(n: u64, left: u64) -> (u64, Bitmap) {
+        let mut delivered = Bitmap::new(n);
+        for i in left..n {
+            delivered.set(i);
+        }
+        (0, delivered)
+    }
+
+    #[test]
+    fn a_consumer_alone_resumed_with_a_fraction_left_decodes_only_its_remainder_then_whole_epochs()
+    {
+        let n = 100;
+        for left in [10, 50] {
+            let mut readers = [Reader::join(n, 0, None, Some(saved(n, left)), 0)];
+            // Its resumed epoch's window: only what it had left is decoded.
+            assert_eq!(run(n, &mut readers, n), left);
+            assert_eq!(readers[0].epochs_done, 1);
+            // Then whole epochs: every position.
+            let mut readers = [Reader::join(n, 0, None, Some(saved(n, left)), 0)];
+            assert_eq!(run(n, &mut readers, 3 * n), left + 2 * n);
+            assert_eq!(readers[0].epochs_done, 3);
+        }
+    }
+
+    #[test]
+    fn two_consumers_resumed_together_share_each_decode_of_their_overlap() {
+        let n = 100;
+        // One lacks 0..30, the other 20..60: the union, 0..60, is decoded once.
+        let mut other = Bitmap::new(n);
+        for i in (0..20).chain(60..n) {
+            other.set(i);
+        }
+        let mut readers = [
+            Reader::join(n, 0, None, Some(saved(n, 30)), 0),
+            Reader::join(n, 0, None, Some((0, other)), 0),
+        ];
+        assert_eq!(run(n, &mut readers, n), 60);
+        assert!(readers.iter().all(|r| r.epochs_done == 1));
+    }
+
+    #[test]
+    fn the_local_ranks_of_a_group_decode_only_the_union_of_their_shares() {
+        // Ranks 2 and 3 of a group of 4 on this node's feed (0 and 1 read another node's):
+        // each epoch decodes their two quarters, not the epoch. Their declarations arrive 50
+        // positions late; each rank declared its next epoch an epoch ahead, so no epoch
+        // boundary decodes anything more.
+        let n = 100;
+        let rank = |rank| {
+            Some(GroupSpec {
+                name: "job".into(),
+                rank,
+                world_size: 4,
+                even: Even::Pad,
+            })
+        };
+        let mut readers = [
+            Reader::join(n, 0, rank(2), None, 0),
+            Reader::join(n, 0, rank(3), None, 0),
+        ];
+        for r in &mut readers {
+            r.lag = 50;
+        }
+        assert_eq!(run(n, &mut readers, 3 * n), 3 * n / 2);
+        assert!(readers.iter().all(|r| r.epochs_done == 3));
+        // Without the next epoch's declaration each boundary would decode what the late
+        // declaration had not said yet: the check has teeth.
+        let mut late = [Reader::join(n, 0, rank(2), None, 0)];
+        late[0].pending.truncate(1); // its current epoch only: the positions after 100
+        late[0].lag = 50; //             until its next declaration arrives are decoded
+        let decoded = run(n, &mut late, 2 * n);
+        assert!(decoded >= 2 * n / 4 + 10, "{decoded}");
+    }
+
+    #[test]
+    fn a_skimmer_needs_only_what_its_epoch_lacks_wherever_it_passes() {
+        // A rank of 2 (half of each epoch) beside a resumed consumer with 10 samples left that
+        // skims, slowly (it takes one passing sample in 1000, so its 10 stay wanted): before
+        // protocol 16 the skimmer needed everything and the feed decoded every position.
+        let n = 100;
+        let rank = Some(GroupSpec {
+            name: "job".into(),
+            rank: 0,
+            world_size: 2,
+            even: Even::Pad,
+        });
+        let mut readers = [
+            Reader::join(n, 0, rank, None, 0),
+            Reader::join(n, 0, None, Some(saved(n, 10)), 0),
+        ];
+        readers[1].epochs.skim();
+        readers[1].skim = Some(1000);
+        readers[1].pending.clear();
+        readers[1].declare(0);
+        let decoded = run(n, &mut readers, n);
+        assert!(decoded <= n / 2 + 10, "{decoded} decoded");
+        assert_eq!(readers[1].epochs_done, 0, "the skimmer still lacks samples");
+        assert_eq!(readers[0].epochs_done, 1);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(500))]
         #[test]
@@ -250,6 +441,7 @@ mod model {
             seed in any::<u64>(),
             events in prop::collection::vec((0u64..150, event()), 1..12),
             even_drop in any::<bool>(),
+            lag in 0u64..120,
         ) {
             let mut feed = Feed::new(n, seed);
             let mut cuts = CutPoints::default();
@@ -270,7 +462,7 @@ mod model {
                                 name: "job".into(), rank, world_size, even,
                             });
                             cuts.add(seq % n);
-                            readers.push(Reader::join(n, seq, group, None));
+                            readers.push(Reader::join(n, seq, group, None, lag));
                         }
                         Event::LetGoAndRejoin { which } | Event::AttachAgain { which }
                             if !readers.is_empty() =>
@@ -282,9 +474,14 @@ mod model {
                                 cuts.remove(r.start % n);
                             }
                             cuts.add(seq % n);
+                            // What it declared before is processed first (one connection,
+                            // in order), then forgotten with the old attachment.
+                            r.arrive(u64::MAX);
+                            r.needs.forget();
                             r.start = seq;
                             // The epoch in progress goes on from the rejoin point.
                             r.next_seq = r.epochs.rejoined(seq);
+                            r.declare(seq);
                         }
                         Event::KillAndResume { which } if !readers.is_empty() => {
                             let i = which % readers.len();
@@ -294,7 +491,7 @@ mod model {
                             }
                             let saved = dead.epochs.saved();
                             cuts.add(seq % n);
-                            readers.push(Reader::join(n, seq, dead.group, Some(saved)));
+                            readers.push(Reader::join(n, seq, dead.group, Some(saved), lag));
                         }
                         Event::Skim { which, slower } if !readers.is_empty() => {
                             let len = readers.len();
@@ -303,6 +500,7 @@ mod model {
                                 cuts.remove(r.start % n);
                                 r.epochs.skim();
                                 r.skim = Some(1 + slower);
+                                r.declare(seq);
                             }
                         }
                         _ => {}
@@ -310,7 +508,17 @@ mod model {
                 }
                 let (index, _) = feed.index_of(seq, &cuts);
                 for r in &mut readers {
-                    r.pass(seq, index);
+                    r.arrive(seq);
+                }
+                // Decoded if some consumer needs it, else a hole (protocol version 13).
+                if readers.iter().any(|r| r.needs(seq, index)) {
+                    for r in &mut readers {
+                        r.pass(seq, index);
+                    }
+                } else {
+                    for r in &mut readers {
+                        r.pass_hole(seq);
+                    }
                 }
             }
             // Every consumer finished at least two epochs after the last event, each exact.

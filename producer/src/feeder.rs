@@ -1,5 +1,5 @@
 //! The feeder: the pipeline's work source ([`FeedSource`]: a write loan per next sequence,
-//! paced by the consumers, with the keep-alive) and the thread that runs the pipeline.
+//! paced by the consumers, with the feed's lifetime) and the thread that runs the pipeline.
 
 use std::sync::atomic::Ordering;
 use std::task::Poll;
@@ -27,11 +27,19 @@ pub(crate) const AHEAD_POLL: Duration = Duration::from_millis(10);
 pub(crate) struct FeedSource<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) feed: Feed,
-    /// Since when no consumer is connected (after one was), for the keep-alive.
+    /// Since when no consumer, handshake or holder has been there, for the feed's lifetime.
     pub(crate) alone_since: Option<Instant>,
+    /// Whether a consumer or a holder ever came.
+    pub(crate) came: bool,
     /// Who holds the others back (`None` under [`Pacing::Lockstep`]).
     pub(crate) pacer: Option<Pacer>,
+    /// Positions let pass as holes at or beyond the furthest demand, in order: they do not
+    /// count against the read-ahead.
+    pub(crate) holes: std::collections::VecDeque<u64>,
 }
+
+/// Holes committed in a row before the feeder lets go of the members' lock for a moment.
+const HOLES_PER_LOCK: u32 = 256;
 
 impl<'a> WorkSource for FeedSource<'a> {
     type Item = (WorkItem, WriteLoan<'a>);
@@ -39,6 +47,7 @@ impl<'a> WorkSource for FeedSource<'a> {
     fn next(&mut self, wait: bool) -> Poll<Option<Self::Item>> {
         let shared = self.shared;
         let mut state = shared.lock();
+        let mut holes_in_a_row = 0u32;
         loop {
             if shared.stop.load(Ordering::SeqCst) {
                 return Poll::Ready(None);
@@ -53,10 +62,48 @@ impl<'a> WorkSource for FeedSource<'a> {
             let read_ahead = shared
                 .read_ahead
                 .samples(largest_batch, u64::from(shared.threads));
-            match shared.ring.try_loan_within(&state.readers, read_ahead) {
+            // Holes below the furthest demand no longer count against the read-ahead.
+            let furthest = (state.members.iter())
+                .filter(|m| m.attached)
+                .map(|m| m.page.demand())
+                .max()
+                .unwrap_or(0);
+            while self.holes.front().is_some_and(|&s| s < furthest) {
+                self.holes.pop_front();
+            }
+            let holes = &self.holes;
+            let gate = shared
+                .ring
+                .try_loan_counted(&state.readers, read_ahead, |demand| {
+                    (holes.len() - holes.partition_point(|&s| s < demand)) as u64
+                });
+            match gate {
                 Gate::Loan(loan) => {
                     let seq = loan.seq();
                     let (index, epoch) = self.feed.index_of(seq, &state.cuts);
+                    let wanted = crate::needs::needed(
+                        (state.members.iter()).map(|m| (m.attached, m.skimming, &m.needs)),
+                        seq,
+                        index,
+                    );
+                    if !wanted {
+                        // Nobody needs it: a hole, published here, never decoded.
+                        if let Some(head) = loan.commit_hole(index) {
+                            shared.published.fetch_max(head, Ordering::Relaxed);
+                            for m in &state.members {
+                                m.page.wake_if_due(head);
+                            }
+                        }
+                        shared.holes.fetch_add(1, Ordering::Relaxed);
+                        self.holes.push_back(seq);
+                        holes_in_a_row += 1;
+                        if holes_in_a_row >= HOLES_PER_LOCK {
+                            holes_in_a_row = 0;
+                            drop(state);
+                            state = shared.lock();
+                        }
+                        continue;
+                    }
                     Shared::clear_watches(&mut state);
                     return Poll::Ready(Some((WorkItem { seq, index, epoch }, loan)));
                 }
@@ -72,21 +119,25 @@ impl<'a> WorkSource for FeedSource<'a> {
                     }
                 }
                 Gate::Idle => {
-                    if let Some(keep_alive) = shared.keep_alive
-                        && state.members.is_empty()
-                        && state.next_id > 0
-                    {
-                        let since = *self.alone_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= keep_alive {
-                            tracing::info!(
-                                "no consumer for {:.1} s (keep-alive): stopping",
-                                keep_alive.as_secs_f64()
-                            );
-                            shared.stop.store(true, Ordering::SeqCst);
-                            return Poll::Ready(None);
+                    let lifetime = &shared.lifetime;
+                    if lifetime.idle.is_some() || lifetime.orphan.is_some() {
+                        // Decided under the members' lock: a `Hello` admitted before this
+                        // counts; one after it is refused as the feed is stopping.
+                        let held = lifetime.held();
+                        self.came |= held || state.next_id > 0;
+                        let quiet = state.members.is_empty()
+                            && shared.connections.load(Ordering::SeqCst) == 0
+                            && !held;
+                        if quiet {
+                            let since = *self.alone_since.get_or_insert_with(Instant::now);
+                            if let Some(why) = lifetime.expired(since.elapsed(), self.came) {
+                                tracing::info!("{why}");
+                                shared.stop.store(true, Ordering::SeqCst);
+                                return Poll::Ready(None);
+                            }
+                        } else {
+                            self.alone_since = None;
                         }
-                    } else {
-                        self.alone_since = None;
                     }
                     if !wait {
                         return Poll::Pending;
@@ -162,9 +213,11 @@ pub(crate) fn run_feeder(
     let source = FeedSource {
         shared,
         feed: Feed::new(shared.info.len, seed),
-        alone_since: None,
+        alone_since: Some(Instant::now()),
+        came: false,
         pacer: (shared.pacing == Pacing::Skim)
             .then(|| Pacer::new(PacingRule::default(), Instant::now())),
+        holes: std::collections::VecDeque::new(),
     };
     let sink = RingSink { shared };
     let run = match &shared.source {

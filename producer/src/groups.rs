@@ -3,9 +3,15 @@
 //! The producer does not split epochs (each rank takes its share of every epoch by itself,
 //! `ladle_consumer::plan`); it only makes a group start whole and end loudly:
 //!
-//! - a rank's `Welcome` waits until all `world_size` ranks of its group have said `Hello`
+//! - a rank's `Welcome` waits until the group's ranks on this node (its `local_world_size`,
+//!   protocol 15; all `world_size` ranks when the group runs on one node) have said `Hello`
 //!   (each rank waits at most its own deadline, then gets `GroupIncomplete` naming the
-//!   missing ranks);
+//!   missing ranks, or on a group over several nodes the ranks that came). Nothing waits for
+//!   a rank on another node: each node's feed serves its own ranks, and each rank takes its
+//!   share of the global split by itself;
+//! - what cannot work is refused at once, naming the likely cause: a rank more than the local
+//!   world size, ranks of one node that disagree on the world or local size, and a global
+//!   rank seen twice (a launcher's local rank passed as the rank);
 //! - once the group runs, a rank that leaves, dies or is detached gives every other rank
 //!   `GroupBroken`, and the group's name is free again for the job's next incarnation.
 //!
@@ -27,6 +33,8 @@ pub(crate) struct Groups {
 #[derive(Debug)]
 struct Group {
     world_size: u32,
+    /// Its ranks on this node: the ones this feed waits for.
+    local: u32,
     /// Ranks that said `Hello` and wait for the others.
     waiting: BTreeMap<u32, Ticket>,
     /// Tickets let through when the group became whole, not yet welcomed.
@@ -60,22 +68,47 @@ pub(crate) enum Standing {
     Unknown,
 }
 
+/// What a rank that gave up waiting is told.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Incomplete {
+    /// Ranks that never came (only on a group on one node).
+    pub(crate) missing: Vec<u32>,
+    /// Ranks that came, on this node.
+    pub(crate) arrived: Vec<u32>,
+    /// The ranks waited for.
+    pub(crate) local: u32,
+}
+
+/// `[1, 2, 3]` as `1, 2, 3`.
+fn list(ranks: &[u32]) -> String {
+    let names: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    names.join(", ")
+}
+
 /// Members of a group that must hear that it broke: `(consumer id, rank that went)`.
 pub(crate) type Broken = (Vec<u64>, u32);
 
 impl Groups {
-    /// Rank `rank` of `world_size` says `Hello` for group `name`. Refused (with the reason
-    /// for the consumer) when the rank is out of range, the group has another size, or the
-    /// rank is already waiting or running.
+    /// Rank `rank` of `world_size` says `Hello` for group `name`, of which `local` ranks
+    /// run on this node. Refused (with the reason for the consumer) when the rank is out of
+    /// range, the group has another size, or the rank is already waiting or running, or this
+    /// node has all its ranks already.
     pub(crate) fn arrive(
         &mut self,
         name: &str,
         rank: u32,
         world_size: u32,
+        local: u32,
     ) -> Result<Arrival, String> {
         if world_size == 0 || rank >= world_size {
             return Err(format!(
                 "group {name:?}: rank {rank} is outside 0..{world_size}"
+            ));
+        }
+        if local == 0 || local > world_size {
+            return Err(format!(
+                "group {name:?}: {local} ranks on this node is outside 1..={world_size} (the \
+                 world size)"
             ));
         }
         let group = self
@@ -83,26 +116,62 @@ impl Groups {
             .entry(name.to_owned())
             .or_insert_with(|| Group {
                 world_size,
+                local,
                 waiting: BTreeMap::new(),
                 released: Vec::new(),
                 live: BTreeMap::new(),
                 arrived: std::collections::BTreeSet::new(),
                 version: 0,
             });
-        if group.world_size != world_size {
+        if (group.world_size, group.local) != (world_size, local) {
+            let here: Vec<u32> = group
+                .waiting
+                .keys()
+                .chain(group.live.keys())
+                .copied()
+                .collect();
             return Err(format!(
-                "group {name:?} has {} ranks, this consumer says {world_size}",
-                group.world_size
+                "group {name:?}: ranks on this node disagree: rank {rank} says world size \
+                 {world_size} with {local} ranks on this node, rank{} {} said world size {} with \
+                 {} on this node; start every rank with the same world size and local world \
+                 size ($WORLD_SIZE, $LOCAL_WORLD_SIZE)",
+                if here.len() == 1 { "" } else { "s" },
+                list(&here),
+                group.world_size,
+                group.local
             ));
         }
+        let spans_nodes = local < world_size;
+        let hint = if spans_nodes {
+            "; two processes on one node gave the same rank: pass the global rank ($RANK), \
+             not the node's local rank ($LOCAL_RANK)"
+        } else {
+            ""
+        };
         if let Some(id) = group.live.get(&rank) {
             return Err(format!(
-                "group {name:?}: rank {rank} is already running (consumer {id})"
+                "group {name:?}: rank {rank} is already running (consumer {id}){hint}"
             ));
         }
         if group.waiting.contains_key(&rank) {
             return Err(format!(
-                "group {name:?}: rank {rank} is already waiting for the others"
+                "group {name:?}: rank {rank} is already waiting for the others{hint}"
+            ));
+        }
+        let here = group.waiting.len() + group.released.len() + group.live.len();
+        if here >= local as usize {
+            let ranks: Vec<u32> = group
+                .waiting
+                .keys()
+                .chain(group.live.keys())
+                .copied()
+                .collect();
+            return Err(format!(
+                "group {name:?}: rank {rank} is one more than the {local} ranks this node \
+                 serves (rank{} {} here); set $LOCAL_WORLD_SIZE (or local_world_size=) to the \
+                 ranks each node runs",
+                if ranks.len() == 1 { "" } else { "s" },
+                list(&ranks)
             ));
         }
         let ticket = self.next_ticket;
@@ -110,7 +179,7 @@ impl Groups {
         group.waiting.insert(rank, ticket);
         group.arrived.insert(rank);
         group.version += 1;
-        let whole = group.waiting.len() + group.live.len() == world_size as usize;
+        let whole = group.waiting.len() + group.live.len() == local as usize;
         if whole {
             // A group starts whole: running ranks of an earlier incarnation were dropped
             // from `live` when it broke, so `live` is empty here.
@@ -126,9 +195,12 @@ impl Groups {
         }
     }
 
-    /// The consumer id of rank `rank` of group `name`, if it runs.
-    pub(crate) fn running_as(&self, name: &str, rank: u32) -> Option<u64> {
-        self.by_name.get(name)?.live.get(&rank).copied()
+    /// The consumer ids of group `name`'s running ranks.
+    pub(crate) fn running_ids(&self, name: &str) -> Vec<u64> {
+        self.by_name
+            .get(name)
+            .map(|g| g.live.values().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Where `ticket` of group `name` stands.
@@ -148,20 +220,33 @@ impl Groups {
         }
     }
 
-    /// A waiting rank gives up (deadline, or its connection closed). Returns the ranks that
-    /// never said `Hello` while it waited (one that came and gave up is not missing), for its
-    /// `GroupIncomplete`.
-    pub(crate) fn give_up(&mut self, name: &str, ticket: Ticket) -> Vec<u32> {
+    /// A waiting rank gives up (deadline, or its connection closed). Returns what its
+    /// `GroupIncomplete` says: the ranks that never said `Hello` while it waited (one that
+    /// came and gave up is not missing), and the ranks that did. On a group over several
+    /// nodes no rank is named missing: this feed cannot tell which of the others are this
+    /// node's.
+    pub(crate) fn give_up(&mut self, name: &str, ticket: Ticket) -> Incomplete {
         let Some(group) = self.by_name.get_mut(name) else {
-            return Vec::new();
+            return Incomplete::default();
         };
         group.waiting.retain(|_, t| *t != ticket);
         group.version += 1;
-        let missing = (0..group.world_size)
-            .filter(|r| !group.arrived.contains(r) && !group.live.contains_key(r))
-            .collect();
+        let came = |r: &u32| group.arrived.contains(r) || group.live.contains_key(r);
+        let incomplete = Incomplete {
+            missing: if group.local == group.world_size {
+                (0..group.world_size).filter(|r| !came(r)).collect()
+            } else {
+                Vec::new()
+            },
+            arrived: (group.arrived.iter().chain(group.live.keys()))
+                .copied()
+                .collect::<std::collections::BTreeSet<u32>>()
+                .into_iter()
+                .collect(),
+            local: group.local,
+        };
         self.forget_if_empty(name);
-        missing
+        incomplete
     }
 
     /// A released rank was welcomed as consumer `id`. Returns `false` when the group broke
@@ -246,16 +331,16 @@ mod tests {
     #[test]
     fn a_group_is_released_whole_and_a_rank_that_goes_breaks_it_for_the_others() {
         let mut g = Groups::default();
-        let Ok(Arrival::Waiting(t2, joined)) = g.arrive("job", 2, 3) else {
+        let Ok(Arrival::Waiting(t2, joined)) = g.arrive("job", 2, 3, 3) else {
             panic!("rank 2 waits");
         };
         assert_eq!(joined, [2]);
-        let Ok(Arrival::Waiting(t0, joined)) = g.arrive("job", 0, 3) else {
+        let Ok(Arrival::Waiting(t0, joined)) = g.arrive("job", 0, 3, 3) else {
             panic!("rank 0 waits");
         };
         assert_eq!(joined, [0, 2]);
         assert!(matches!(g.standing("job", t2), Standing::Waiting { .. }));
-        let Ok(Arrival::Whole(t1)) = g.arrive("job", 1, 3) else {
+        let Ok(Arrival::Whole(t1)) = g.arrive("job", 1, 3, 3) else {
             panic!("rank 1 completes the group");
         };
         for t in [t0, t1, t2] {
@@ -266,7 +351,7 @@ mod tests {
         assert!(g.running("job", t2, 2, 12));
         // A fourth rank 1 is refused while rank 1 runs.
         assert!(
-            g.arrive("job", 1, 3)
+            g.arrive("job", 1, 3, 3)
                 .unwrap_err()
                 .contains("already running")
         );
@@ -275,10 +360,10 @@ mod tests {
         assert_eq!((name.as_str(), others, rank), ("job", vec![10, 12], 1));
         // A rank that says Leave (done) tells nobody either.
         let mut h = Groups::default();
-        let Ok(Arrival::Waiting(a, _)) = h.arrive("j", 0, 2) else {
+        let Ok(Arrival::Waiting(a, _)) = h.arrive("j", 0, 2, 2) else {
             panic!()
         };
-        let Ok(Arrival::Whole(b)) = h.arrive("j", 1, 2) else {
+        let Ok(Arrival::Whole(b)) = h.arrive("j", 1, 2, 2) else {
             panic!()
         };
         assert!(h.running("j", a, 0, 1) && h.running("j", b, 1, 2));
@@ -288,55 +373,63 @@ mod tests {
         // The others going later tells nobody, and the name is free for a new incarnation.
         assert!(g.gone(10).is_none());
         assert!(g.gone(12).is_none());
-        assert!(matches!(g.arrive("job", 1, 3), Ok(Arrival::Waiting(..))));
+        assert!(matches!(g.arrive("job", 1, 3, 3), Ok(Arrival::Waiting(..))));
     }
 
     #[test]
     fn wrong_sizes_ranks_and_duplicates_are_refused_with_reasons() {
         let mut g = Groups::default();
-        assert!(g.arrive("a", 2, 2).unwrap_err().contains("outside 0..2"));
-        assert!(g.arrive("a", 0, 0).is_err());
-        assert!(g.arrive("a", 0, 2).is_ok());
-        assert!(g.arrive("a", 1, 3).unwrap_err().contains("has 2 ranks"));
-        assert!(g.arrive("a", 0, 2).unwrap_err().contains("already waiting"));
+        assert!(g.arrive("a", 2, 2, 2).unwrap_err().contains("outside 0..2"));
+        assert!(g.arrive("a", 0, 0, 0).is_err());
+        assert!(g.arrive("a", 0, 2, 2).is_ok());
+        assert!(
+            g.arrive("a", 1, 3, 3)
+                .unwrap_err()
+                .contains("said world size 2")
+        );
+        assert!(
+            g.arrive("a", 0, 2, 2)
+                .unwrap_err()
+                .contains("already waiting")
+        );
         // Groups are apart by name.
-        assert!(matches!(g.arrive("b", 0, 1), Ok(Arrival::Whole(_))));
+        assert!(matches!(g.arrive("b", 0, 1, 1), Ok(Arrival::Whole(_))));
     }
 
     #[test]
     fn a_rank_that_gives_up_is_named_missing_and_no_longer_counts() {
         let mut g = Groups::default();
-        let Ok(Arrival::Waiting(t0, _)) = g.arrive("job", 0, 3) else {
+        let Ok(Arrival::Waiting(t0, _)) = g.arrive("job", 0, 3, 3) else {
             panic!()
         };
-        let Ok(Arrival::Waiting(t1, _)) = g.arrive("job", 1, 3) else {
+        let Ok(Arrival::Waiting(t1, _)) = g.arrive("job", 1, 3, 3) else {
             panic!()
         };
-        assert_eq!(g.give_up("job", t0), [2]);
+        assert_eq!(g.give_up("job", t0).missing, [2]);
         assert_eq!(g.standing("job", t0), Standing::Unknown);
         // Rank 2 arriving now does not complete the group: rank 0 left.
-        let Ok(Arrival::Waiting(t2, _)) = g.arrive("job", 2, 3) else {
+        let Ok(Arrival::Waiting(t2, _)) = g.arrive("job", 2, 3, 3) else {
             panic!()
         };
         assert!(matches!(g.standing("job", t1), Standing::Waiting { .. }));
         // Rank 0 came and went: not missing for rank 2 (it is the one that gave up).
-        assert_eq!(g.give_up("job", t2), Vec::<u32>::new());
-        let Ok(Arrival::Waiting(..)) = g.arrive("job", 2, 3) else {
+        assert_eq!(g.give_up("job", t2).missing, Vec::<u32>::new());
+        let Ok(Arrival::Waiting(..)) = g.arrive("job", 2, 3, 3) else {
             panic!()
         };
-        assert!(matches!(g.arrive("job", 0, 3), Ok(Arrival::Whole(_))));
+        assert!(matches!(g.arrive("job", 0, 3, 3), Ok(Arrival::Whole(_))));
     }
 
     #[test]
     fn a_released_rank_that_cannot_be_welcomed_breaks_the_group() {
         let mut g = Groups::default();
-        let Ok(Arrival::Waiting(t0, _)) = g.arrive("job", 0, 3) else {
+        let Ok(Arrival::Waiting(t0, _)) = g.arrive("job", 0, 3, 3) else {
             panic!()
         };
-        let Ok(Arrival::Waiting(t1, _)) = g.arrive("job", 1, 3) else {
+        let Ok(Arrival::Waiting(t1, _)) = g.arrive("job", 1, 3, 3) else {
             panic!()
         };
-        let Ok(Arrival::Whole(t2)) = g.arrive("job", 2, 3) else {
+        let Ok(Arrival::Whole(t2)) = g.arrive("job", 2, 3, 3) else {
             panic!()
         };
         assert!(g.running("job", t0, 0, 5));
@@ -345,5 +438,101 @@ mod tests {
         assert!(g.gone(5).is_none(), "already told");
         // Rank 2, released but welcomed only now, learns that the group broke.
         assert!(!g.running("job", t2, 2, 7));
+    }
+
+    #[test]
+    fn a_local_group_is_whole_when_its_local_ranks_have_arrived() {
+        // Ranks 2 and 3 of 4 on this node; 0 and 1 run on another node's feed.
+        let mut g = Groups::default();
+        let Ok(Arrival::Waiting(t3, joined)) = g.arrive("job", 3, 4, 2) else {
+            panic!("rank 3 waits for the other rank of its node")
+        };
+        assert_eq!(joined, [3]);
+        let Ok(Arrival::Whole(t2)) = g.arrive("job", 2, 4, 2) else {
+            panic!("two of two local ranks: whole")
+        };
+        assert!(g.running("job", t2, 2, 20) && g.running("job", t3, 3, 30));
+        // It breaks as a group on one node does.
+        let (_, (others, rank)) = g.gone(30).unwrap();
+        assert_eq!((others, rank), (vec![20], 3));
+    }
+
+    #[test]
+    fn ranks_of_one_node_that_disagree_on_the_world_or_local_size_are_refused_at_once_naming_both()
+    {
+        let mut g = Groups::default();
+        assert!(g.arrive("job", 0, 4, 2).is_ok());
+        let e = g.arrive("job", 1, 8, 2).unwrap_err();
+        assert!(
+            e.contains("world size 8") && e.contains("said world size 4"),
+            "{e}"
+        );
+        assert!(e.contains("rank 0 said"), "{e}");
+        let e = g.arrive("job", 1, 4, 4).unwrap_err();
+        assert!(
+            e.contains("with 4 ranks on this node") && e.contains("with 2 on this node"),
+            "{e}"
+        );
+        assert!(
+            g.arrive("job", 1, 4, 5)
+                .unwrap_err()
+                .contains("outside 1..=4")
+        );
+        assert!(g.arrive("job", 1, 4, 0).is_err());
+    }
+
+    #[test]
+    fn a_global_rank_seen_twice_on_one_node_is_refused_naming_local_rank_as_the_likely_cause() {
+        let mut g = Groups::default();
+        assert!(g.arrive("job", 0, 4, 2).is_ok());
+        let e = g.arrive("job", 0, 4, 2).unwrap_err();
+        assert!(
+            e.contains("already waiting") && e.contains("$LOCAL_RANK"),
+            "{e}"
+        );
+        // On one node the hint would be wrong: not given.
+        let mut h = Groups::default();
+        assert!(h.arrive("job", 0, 2, 2).is_ok());
+        assert!(!h.arrive("job", 0, 2, 2).unwrap_err().contains("LOCAL_RANK"));
+    }
+
+    #[test]
+    fn one_rank_more_than_the_local_world_size_is_refused_at_once() {
+        let mut g = Groups::default();
+        let Ok(Arrival::Waiting(t0, _)) = g.arrive("job", 0, 4, 2) else {
+            panic!()
+        };
+        let Ok(Arrival::Whole(t1)) = g.arrive("job", 1, 4, 2) else {
+            panic!()
+        };
+        // Released, not yet welcomed: they count.
+        let e = g.arrive("job", 2, 4, 2).unwrap_err();
+        assert!(
+            e.contains("one more than the 2 ranks this node serves"),
+            "{e}"
+        );
+        assert!(e.contains("LOCAL_WORLD_SIZE"), "{e}");
+        assert!(g.running("job", t0, 0, 1) && g.running("job", t1, 1, 2));
+        assert!(g.arrive("job", 3, 4, 2).unwrap_err().contains("one more"));
+    }
+
+    #[test]
+    fn a_local_group_that_times_out_says_which_of_its_ranks_came_and_names_none_missing() {
+        let mut g = Groups::default();
+        let Ok(Arrival::Waiting(t, _)) = g.arrive("job", 5, 8, 4) else {
+            panic!()
+        };
+        let Ok(Arrival::Waiting(_, _)) = g.arrive("job", 6, 8, 4) else {
+            panic!()
+        };
+        let incomplete = g.give_up("job", t);
+        assert_eq!(
+            incomplete,
+            Incomplete {
+                missing: vec![],
+                arrived: vec![5, 6],
+                local: 4
+            }
+        );
     }
 }

@@ -15,6 +15,13 @@
 //!   released the slot (backpressure), and only a bounded read-ahead beyond what consumers
 //!   asked for ([`ReadAhead`]). Each cursor is read once per decision and range-checked; a
 //!   consumer whose cursor lies outside what it may show is detached, and only it.
+//! - Only what an attached consumer needs is decoded (module `needs`, pure; protocol 13): a
+//!   consumer reading part of an epoch (resumed, a rank's) declares what it still needs, and
+//!   a position nobody needs passes as a hole (`FLAG_HOLE`), undecoded and not counted
+//!   against the read-ahead.
+//! - A feed stops by itself when its [`Lifetime`] says (module `lifetime`, pure: idle after
+//!   its last consumer, orphaned when none came, never while a driver holds it); a `Hello`
+//!   after that decision is refused as `STOPPING`.
 //! - A consumer that keeps the others waiting for data is asked to *skim* (module `pacing`,
 //!   pure; [`Pacing`]): it stops gating the feed and copies what its epoch still needs as the
 //!   samples pass, so one slow run no longer sets every run's pace.
@@ -60,12 +67,15 @@
 //! many connections or open files; `error`: a failure that ends the producer. Consumer names
 //! are logged quoted and escaped.
 
+mod cache;
 mod config;
 mod error;
 mod feed;
 mod feeder;
 mod groups;
+mod lifetime;
 mod members;
+mod needs;
 mod pacing;
 pub mod server;
 mod sink;
@@ -94,6 +104,7 @@ pub use crate::config::{
 };
 pub use crate::error::ProducerError;
 use crate::feeder::run_feeder;
+pub use crate::lifetime::Lifetime;
 pub use crate::members::ConsumerStats;
 use crate::members::{Shared, State};
 pub use crate::source::CustomSource;
@@ -183,7 +194,7 @@ impl Producer {
                 "max connections must be at least 1".into(),
             ));
         }
-        let pipeline = PipelineConfig {
+        let mut pipeline = PipelineConfig {
             threads: config.threads,
             augment: config.augment.clone(),
             seed: config.seed,
@@ -214,6 +225,15 @@ impl Producer {
             }
             Source::Custom(_) => ladle_datasets::Fingerprint::default(),
         };
+        let cache = match (&source, &config.cache) {
+            (Source::Images(dataset), Some(start)) => {
+                cache::client(dataset.as_ref(), &data, start, config.threads)
+            }
+            _ => None,
+        };
+        if let Some(cache) = &cache {
+            pipeline.set_cache(cache.clone());
+        }
         let identity = FeedIdentity {
             source: info.source.clone(),
             len: info.len,
@@ -276,7 +296,7 @@ impl Producer {
             stall_timeout: config.stall_timeout,
             read_ahead: config.read_ahead,
             pacing: config.pacing,
-            keep_alive: config.keep_alive,
+            lifetime: config.lifetime,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
             started: Instant::now(),
@@ -285,7 +305,9 @@ impl Producer {
             leaves: AtomicU64::new(0),
             let_gos: AtomicU64::new(0),
             skims: AtomicU64::new(0),
+            holes: AtomicU64::new(0),
             decode_cpu_ns: AtomicU64::new(0),
+            cache,
         });
         let spawn_error = |e: std::io::Error| ProducerError::Socket {
             path: config.socket.clone(),
@@ -319,9 +341,10 @@ impl Producer {
         self.shared.ring.layout().clone()
     }
 
-    /// Samples published so far.
+    /// Samples published so far: decoded (or bad), not the positions let pass as holes.
     pub fn published(&self) -> u64 {
-        self.shared.published.load(Ordering::Relaxed)
+        (self.shared.published.load(Ordering::Relaxed))
+            .saturating_sub(self.shared.holes.load(Ordering::Relaxed))
     }
 
     /// Samples published as bad (zero image, label −1) so far.

@@ -54,6 +54,8 @@ pub(crate) struct Member {
     pub(crate) skimming: bool,
     /// Times it was moved to skimming.
     pub(crate) skims: u32,
+    /// What it still needs, as it declared (protocol version 13).
+    pub(crate) needs: crate::needs::Needs,
 }
 
 impl Member {
@@ -82,6 +84,7 @@ impl Member {
             skim_asked: false,
             skimming: false,
             skims: 0,
+            needs: crate::needs::Needs::default(),
         }
     }
 
@@ -131,6 +134,8 @@ pub(crate) struct State {
 /// Everything the producer's threads share.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// The decoded-sample cache its decode threads use, if any.
+    pub(crate) cache: Option<Arc<ladle_cache::CacheClient>>,
     pub(crate) ring: ProducerRing,
     pub(crate) source: Source,
     pub(crate) info: DatasetInfo,
@@ -150,7 +155,7 @@ pub(crate) struct Shared {
     pub(crate) stall_timeout: Duration,
     pub(crate) read_ahead: ReadAhead,
     pub(crate) pacing: Pacing,
-    pub(crate) keep_alive: Option<Duration>,
+    pub(crate) lifetime: crate::Lifetime,
     pub(crate) max_connections: usize,
     /// Connection threads alive.
     pub(crate) connections: AtomicUsize,
@@ -163,6 +168,8 @@ pub(crate) struct Shared {
     pub(crate) let_gos: AtomicU64,
     /// Consumers moved to skimming since the start.
     pub(crate) skims: AtomicU64,
+    /// Positions let pass undecoded (holes: nobody needed them).
+    pub(crate) holes: AtomicU64,
     /// CPU nanoseconds the decode threads used (counted as each completes a sample).
     pub(crate) decode_cpu_ns: AtomicU64,
 }
@@ -310,6 +317,7 @@ impl Shared {
     pub(crate) fn stats(&self) -> FeedStats {
         let now = Instant::now();
         let head = self.published.load(Ordering::Relaxed);
+        let holes = self.holes.load(Ordering::Relaxed);
         let state = self.lock();
         let mut consumers: Vec<ConsumerInfo> = state
             .members
@@ -359,14 +367,19 @@ impl Shared {
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
             cpu_s: cpu.as_secs_f64(),
             decode_cpu_s: self.decode_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9,
-            published: head,
+            published: head.saturating_sub(holes),
             bad: self.bad.load(Ordering::Relaxed),
             occupancy,
             joins: self.joins.load(Ordering::Relaxed),
             leaves: self.leaves.load(Ordering::Relaxed),
             let_gos: self.let_gos.load(Ordering::Relaxed),
+            consumed: (consumers.iter().map(|c| c.released))
+                .fold(self.consumed.load(Ordering::Relaxed), u64::saturating_add),
+            skims: self.skims.load(Ordering::Relaxed),
+            holes,
             consumers,
             consumers_omitted: 0,
+            cache: self.cache.as_ref().map(|c| c.counters()),
         }
     }
 

@@ -105,8 +105,15 @@ fn handle(conn: &UnixStream, shared: &Shared) {
             return;
         }
     };
+    let mut needs = protocol::NeedsReceiver::new(shared.info.len);
     let why = loop {
         match protocol::recv::<ClientMessage>(conn) {
+            Ok((ClientMessage::Needs(frame), _)) => {
+                if let Err(reason) = declare(shared, id, &mut needs, frame) {
+                    shared.detach(&mut shared.lock(), id, &reason);
+                    break reason;
+                }
+            }
             Ok((ClientMessage::Leave, _)) => {
                 // Done, not broken: the other ranks of its group are not told.
                 shared.lock().groups.left(id);
@@ -223,10 +230,19 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
     let socket = conn.try_clone().map_err(|e| e.to_string())?;
     let page = Arc::new(CursorPage::create(0).map_err(|e| e.to_string())?);
     if let Some(g) = &group {
-        if g.world_size > MAX_WORLD_SIZE {
+        if g.local() > MAX_WORLD_SIZE {
             return Err(format!(
                 "group {}: {} ranks are more than a feed takes ({MAX_WORLD_SIZE})",
                 log_name(&g.name),
+                g.local(),
+            )
+            .into());
+        }
+        if g.local() > g.world_size {
+            return Err(format!(
+                "group {}: {} ranks on this node are more than the world size {}",
+                log_name(&g.name),
+                g.local(),
                 g.world_size,
             )
             .into());
@@ -254,6 +270,11 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
         None => None,
     };
     let mut state = shared.lock();
+    if shared.stop.load(Ordering::SeqCst) {
+        // The feed decided to stop (its idle timeout) under this lock: the asker starts a
+        // new one rather than joining one that ends.
+        return Err(protocol::STOPPING.to_owned().into());
+    }
     let id = state.next_id;
     state.next_id += 1;
     let start = state
@@ -324,7 +345,8 @@ fn admit(conn: &UnixStream, shared: &Shared) -> Result<u64, Refusal> {
 /// incarnation, once that one has hung up.
 const RESTART_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Holds a rank's `Welcome` until every rank of its group has said `Hello`: tells it
+/// Holds a rank's `Welcome` until every rank of its group on this node has said `Hello`
+/// (its `local_world_size`, protocol 15): tells it
 /// `GroupWaiting` (again whenever the list of ranks changes), and at its deadline (its
 /// `timeout_ms`, at most [`MAX_GROUP_WAIT`]) answers `GroupIncomplete` naming the missing
 /// ranks. A rank whose connection closes while it waits stops counting. Returns its ticket
@@ -340,17 +362,18 @@ fn wait_for_group(
     let deadline = started + Duration::from_millis(g.timeout_ms).min(MAX_GROUP_WAIT);
     let group = log_name(&g.name);
     let arrival = {
-        // A rank restarted at once (`torchrun --max-restarts`) can say `Hello` before this
-        // producer has read its old incarnation's end. If that one has hung up, its
-        // connection thread is about to read the end (a `Leave`, or none: then the group
-        // broke); wait for it (the wait ends as soon as that end is read) rather than refuse
-        // the rank as "already running".
+        // A rank restarted at once (`torchrun --max-restarts`, or a job requeued with
+        // another world size) can say `Hello` before this producer has read its old
+        // incarnation's end. If a rank of the old one has hung up, its connection thread is
+        // about to read the end (a `Leave`, or none: then the group broke); wait for it (the
+        // wait ends as soon as that end is read) rather than refuse the rank as "already
+        // running" or as disagreeing on the group's sizes.
         let patience = Instant::now() + RESTART_PATIENCE;
         let mut state = shared.lock();
         loop {
-            let old_gone = (state.groups.running_as(&g.name, g.rank))
-                .and_then(|old| state.members.iter().find(|m| m.id == old))
-                .is_some_and(|m| sys::peer_hung_up(&m.socket));
+            let old_gone = (state.groups.running_ids(&g.name).into_iter())
+                .filter_map(|old| state.members.iter().find(|m| m.id == old))
+                .any(|m| sys::peer_hung_up(&m.socket));
             let left = patience.saturating_duration_since(Instant::now());
             if !old_gone || left.is_zero() {
                 break;
@@ -360,7 +383,9 @@ fn wait_for_group(
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        state.groups.arrive(&g.name, g.rank, g.world_size)?
+        state
+            .groups
+            .arrive(&g.name, g.rank, g.world_size, g.local())?
     };
     shared.changed.notify_all();
     let ticket = match arrival {
@@ -374,9 +399,9 @@ fn wait_for_group(
         }
     };
     let give_up = |refusal: Refusal| {
-        let missing = shared.lock().groups.give_up(&g.name, ticket);
+        let incomplete = shared.lock().groups.give_up(&g.name, ticket);
         shared.changed.notify_all();
-        (missing, refusal)
+        (incomplete, refusal)
     };
     let mut told = None;
     loop {
@@ -391,6 +416,7 @@ fn wait_for_group(
                 let waiting = ServerMessage::GroupWaiting {
                     joined,
                     world_size: g.world_size,
+                    local_world_size: g.local(),
                 };
                 if protocol::send(conn, &waiting, &[]).is_err() {
                     return Err(give_up(Refusal::Gone).1);
@@ -402,11 +428,13 @@ fn wait_for_group(
             return Err(give_up("the producer is stopping".into()).1);
         }
         if Instant::now() >= deadline {
-            let (missing, _) = give_up(Refusal::Answered);
-            tracing::warn!(%group, who, rank = g.rank, ?missing, "a rank gave up waiting for its group");
+            let (incomplete, _) = give_up(Refusal::Answered);
+            tracing::warn!(%group, who, rank = g.rank, missing = ?incomplete.missing, arrived = ?incomplete.arrived, local_world_size = incomplete.local, "a rank gave up waiting for its group");
             let incomplete = ServerMessage::GroupIncomplete {
-                missing,
+                missing: incomplete.missing,
                 waited_s: started.elapsed().as_secs_f64(),
+                arrived: incomplete.arrived,
+                local_world_size: incomplete.local,
             };
             let _ = protocol::send(conn, &incomplete, &[]);
             return Err(Refusal::Answered);
@@ -422,6 +450,32 @@ fn wait_for_group(
         let wait = GROUP_POLL.min(deadline.saturating_duration_since(Instant::now()));
         drop(shared.changed.wait_timeout(state, wait));
     }
+}
+
+/// Takes one frame of what consumer `id` still needs; installs the declaration once whole
+/// and answers `Declared` (under the state lock, as every write to a member's socket).
+fn declare(
+    shared: &Shared,
+    id: u64,
+    receiver: &mut protocol::NeedsReceiver,
+    frame: protocol::NeedsFrame,
+) -> Result<(), String> {
+    let declaration = frame.id;
+    let Some(declared) = receiver.add(frame).map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    let mut state = shared.lock();
+    let m = (state.members.iter_mut())
+        .find(|m| m.id == id)
+        .ok_or("a declaration from an unknown consumer")?;
+    m.needs
+        .declare(m.start, declared.from, declared.to, declared.words)?;
+    protocol::send(&m.socket, &ServerMessage::Declared { id: declaration }, &[])
+        .map_err(|e| format!("cannot answer Needs: {e}"))?;
+    drop(state);
+    // The feeder may be asleep on the read-ahead: what it may now skip changed.
+    shared.changed.notify_all();
+    Ok(())
 }
 
 /// Attaches a consumer that was let go again, at the producer's next sequence, and tells it
@@ -445,6 +499,8 @@ fn rejoin(shared: &Shared, id: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     m.start = start;
     m.attached = true;
+    // What it declared was for its old attachment.
+    m.needs.forget();
     if !was_skimming {
         m.rejoins += 1;
     }

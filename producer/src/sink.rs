@@ -36,7 +36,8 @@ impl<'a> SampleSink for RingSink<'a> {
             }
         };
         if let Some(head) = head {
-            self.shared.published.store(head, Ordering::Relaxed);
+            // The feeder publishes holes too: the head only moves forward.
+            self.shared.published.fetch_max(head, Ordering::Relaxed);
             // Wake only consumers whose next batch is now complete: one wake-up per batch.
             for m in &self.shared.lock().members {
                 m.page.wake_if_due(head);

@@ -44,6 +44,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 mod array;
+mod feeds;
 mod producer;
 mod state;
 
@@ -139,8 +140,9 @@ fn consumer_error(error: ConsumerError) -> PyErr {
 /// next `for` reads the next one. Without a socket it joins the feed named by
 /// `$LADLE_SOCKET` (set by `ladle sweep` for every run); the name defaults to `$LADLE_RUN`.
 /// With `group` it is rank `rank` of the `world_size` ranks of a DDP job (default: `$RANK`,
-/// `$WORLD_SIZE`) and reads its share of each epoch, as `DistributedSampler` deals it;
-/// connecting waits for every rank. `state=` resumes from a `state_dict()`.
+/// `$WORLD_SIZE`, else Slurm's) and reads its share of each epoch, as `DistributedSampler`
+/// deals it; connecting waits for the `local_world_size` ranks on this node (default:
+/// `$LOCAL_WORLD_SIZE`, else Slurm's tasks on this node, else every rank). `state=` resumes from a `state_dict()`.
 #[pyclass(name = "Consumer", module = "ladle", frozen)]
 struct PyConsumer {
     inner: Arc<Consumer>,
@@ -152,7 +154,9 @@ impl PyConsumer {
     #[pyo3(signature = (
         socket = None, batch_size = 32, drop_last = false, *, max_batches_held = 8, name = None,
         timeout = 10.0, group = None, rank = None, world_size = None, even = "pad",
-        group_timeout = 600.0, state = None,
+        local_world_size = None, group_timeout = 600.0, state = None, dataset = None, image_size = 224, transform = None,
+        eval = false, seed = 0, idle_timeout = 30.0, orphan_timeout = 60.0, ring_mib = None,
+        threads = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -167,8 +171,18 @@ impl PyConsumer {
         rank: Option<i64>,
         world_size: Option<i64>,
         even: &str,
+        local_world_size: Option<i64>,
         group_timeout: f64,
         state: Option<Bound<'_, PyAny>>,
+        dataset: Option<PathBuf>,
+        image_size: u32,
+        transform: Option<String>,
+        eval: bool,
+        seed: u64,
+        idle_timeout: f64,
+        orphan_timeout: f64,
+        ring_mib: Option<u64>,
+        threads: Option<usize>,
     ) -> PyResult<Self> {
         let batch_size = u32::try_from(batch_size)
             .ok()
@@ -199,6 +213,14 @@ impl PyConsumer {
             max_batches_held,
             handshake_timeout: seconds("timeout", timeout)?,
             group: state::group_spec(group, rank, world_size, even)?,
+            local_world_size: match state::number("local_world_size", local_world_size)? {
+                Some(0) => {
+                    return Err(PyValueError::new_err(
+                        "local_world_size must be at least 1 (the ranks on this node), got 0",
+                    ));
+                }
+                other => other,
+            },
             group_timeout: seconds("group_timeout", group_timeout)?,
             ..ConsumerConfig::default()
         };
@@ -206,11 +228,26 @@ impl PyConsumer {
             config.name = name;
         }
         // A state that is no position fails here, before this rank keeps the others waiting.
-        let position = state.as_ref().map(state::position_bytes).transpose()?;
-        let consumer = state::connect(py, socket, config)?;
-        if let Some(bytes) = position {
-            let position = state::position_for(&consumer, &bytes)?;
-            state::load(py, &consumer, &position)?;
+        let position = state.as_ref().map(state::saved).transpose()?;
+        let ask = dataset
+            .map(|dataset| {
+                feeds::Ask::new(
+                    py,
+                    dataset,
+                    image_size,
+                    transform.as_deref(),
+                    eval,
+                    seed,
+                    idle_timeout,
+                    orphan_timeout,
+                    ring_mib,
+                    threads,
+                )
+            })
+            .transpose()?;
+        let consumer = state::connect(py, socket, ask, config)?;
+        if let Some(saved) = position {
+            state::load_saved(py, &consumer, &saved)?;
         }
         Ok(Self {
             inner: Arc::new(consumer),
@@ -226,12 +263,13 @@ impl PyConsumer {
 
     /// Resumes from `state_dict()`'s dict (or its "ladle_position" bytes) before the first
     /// epoch begins: that epoch delivers exactly the samples it had not, then whole epochs
-    /// follow. ValueError for a corrupt state or one of another feed, group or rank;
-    /// RuntimeError once an epoch has begun.
+    /// follow. A rank of a group may be given every rank's state (a list, as rank 0 gathers
+    /// them): with another world size than they were saved with, the rest of their epoch is
+    /// dealt over this group's ranks, each sample once. ValueError for a corrupt state or one
+    /// of another feed, group or rank (or a group's with a rank missing); RuntimeError once an
+    /// epoch has begun.
     fn load_state_dict(&self, py: Python<'_>, state: Bound<'_, PyAny>) -> PyResult<()> {
-        let bytes = state::position_bytes(&state)?;
-        let position = state::position_for(&self.inner, &bytes)?;
-        state::load(py, &self.inner, &position)
+        state::load_saved(py, &self.inner, &state::saved(&state)?)
     }
 
     /// Leaves the feed now, as done: a rank's group is not broken by it, whatever its epoch.
@@ -246,8 +284,11 @@ impl PyConsumer {
         slf
     }
 
-    /// Leaving a `with` block normally closes the consumer; leaving it by an exception does
-    /// not, so that a rank in the middle of an epoch breaks its group.
+    /// Leaving a `with` block closes the consumer, unless a rank of a group leaves it by an
+    /// exception: that rank does not close, so that its group breaks (the other ranks get
+    /// `GroupBroken`) rather than wait for it. A consumer of no group closes either way, so
+    /// that a trial stopped mid-epoch (an Optuna `TrialPruned`, say) lets the feed go on at
+    /// once.
     #[pyo3(signature = (exc_type, _exc_value, _traceback))]
     fn __exit__(
         &self,
@@ -256,7 +297,7 @@ impl PyConsumer {
         _exc_value: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> bool {
-        if exc_type.is_none() {
+        if exc_type.is_none() || self.inner.config().group.is_none() {
             self.close(py);
         }
         false
@@ -683,6 +724,11 @@ fn cli_main(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(feeds::open_feed, m)?)?;
+    m.add_function(wrap_pyfunction!(feeds::find_feed, m)?)?;
+    m.add_function(wrap_pyfunction!(feeds::feed_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(feeds::registry_dir, m)?)?;
+    m.add_class::<feeds::PyFeedHandle>()?;
     m.add_class::<PyConsumer>()?;
     m.add_class::<PyEpoch>()?;
     m.add_class::<PyBatch>()?;

@@ -111,7 +111,10 @@ impl PyProducer {
                 BadSamplePolicy::Fail
             },
             stall_timeout,
-            keep_alive,
+            lifetime: ladle_producer::Lifetime {
+                idle: keep_alive,
+                ..ladle_producer::Lifetime::default()
+            },
             ..ProducerConfig::default()
         };
         let source = Arc::new(WorkerSource::new(info, Arc::clone(&pool)));

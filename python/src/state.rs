@@ -2,7 +2,8 @@
 //!
 //! - `ladle.Consumer(group=..., rank=..., world_size=..., even=...)` makes the consumer one
 //!   rank of a DDP job ([`GroupSpec`]): [`group_spec`] checks the arguments and, as torchrun
-//!   sets them, takes a missing rank and world size from `$RANK` and `$WORLD_SIZE`.
+//!   sets them, takes a missing rank and world size from `$RANK` and `$WORLD_SIZE`, else
+//!   Slurm's (`ladle_consumer::launch`).
 //! - `consumer.state_dict()` and `consumer.load_state_dict(state)` follow torchdata's
 //!   `StatefulDataLoader`: the state is a plain dict (picklable, `torch.save`-able) whose
 //!   `"ladle_position"` holds [`SavedPosition::encode`]'s bytes, the only key read back; the
@@ -19,12 +20,9 @@ use ladle_consumer::position::PositionError;
 use ladle_consumer::{Consumer, ConsumerConfig, Even, GroupSpec, ResumeError, SavedPosition};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 
-/// The environment variable torchrun sets to a process's rank.
-pub(crate) const RANK_ENV: &str = "RANK";
-/// The environment variable torchrun sets to the number of ranks.
-pub(crate) const WORLD_SIZE_ENV: &str = "WORLD_SIZE";
+use ladle_consumer::launch::{RANK_ENV, WORLD_SIZE_ENV};
 
 /// The key of a state dict that holds the encoded position.
 pub(crate) const POSITION_KEY: &str = "ladle_position";
@@ -34,8 +32,9 @@ pub(crate) const POSITION_KEY: &str = "ladle_position";
 pub(crate) const STATE_VERSION: u32 = 1;
 
 /// The consumer's group from the constructor's arguments: `None` without `group`; with it,
-/// `rank` and `world_size` default to `$RANK` and `$WORLD_SIZE`. Bad or missing values are a
-/// `ValueError` naming the argument or the variable.
+/// `rank` and `world_size` default to `$RANK` and `$WORLD_SIZE`, else Slurm's `$SLURM_PROCID`
+/// and `$SLURM_NTASKS` (`ladle_consumer::launch`). Bad or missing values are a `ValueError`
+/// naming the argument or the variable.
 pub(crate) fn group_spec(
     group: Option<String>,
     rank: Option<i64>,
@@ -59,9 +58,13 @@ pub(crate) fn group_spec(
             "group must be a name (the DDP job's, the same on every rank), not empty",
         ));
     }
-    let rank = number("rank", rank, RANK_ENV)?;
-    let world_size = number("world_size", world_size, WORLD_SIZE_ENV)?;
-    let (Some(rank), Some(world_size)) = (rank, world_size) else {
+    let env = ladle_consumer::launch::process_env;
+    let rank = number("rank", rank)?;
+    let world_size = number("world_size", world_size)?;
+    let rank = ladle_consumer::launch::rank(rank, env).map_err(env_error("rank"))?;
+    let world_size =
+        ladle_consumer::launch::world_size(world_size, env).map_err(env_error("world_size"))?;
+    let (Some((rank, _)), Some((world_size, _))) = (rank.clone(), world_size.clone()) else {
         let missing: Vec<String> = [
             (rank.is_none(), "rank", RANK_ENV),
             (world_size.is_none(), "world_size", WORLD_SIZE_ENV),
@@ -74,7 +77,8 @@ pub(crate) fn group_spec(
             "group {name:?}: {} neither given nor in the environment; pass {} (in PyTorch \
              Lightning, whose launcher sets no ${RANK_ENV}: rank=self.global_rank, \
              world_size=self.trainer.world_size), or start the ranks with torchrun, which \
-             sets {RANK_ENV} and {WORLD_SIZE_ENV}",
+             sets {RANK_ENV} and {WORLD_SIZE_ENV}, or as tasks of srun, which sets \
+             SLURM_PROCID and SLURM_NTASKS",
             missing.join(" and "),
             if missing.len() == 1 { "it" } else { "them" },
         )));
@@ -98,22 +102,25 @@ pub(crate) fn group_spec(
     }))
 }
 
-/// `arg`'s value, else `$var`'s, as a `u32`; `None` when neither is there.
-fn number(arg: &str, given: Option<i64>, var: &str) -> PyResult<Option<u32>> {
-    if let Some(value) = given {
-        return u32::try_from(value).map(Some).map_err(|_| {
-            PyValueError::new_err(format!("{arg} must be a non-negative int, got {value}"))
-        });
-    }
-    let Some(text) = std::env::var_os(var) else {
-        return Ok(None);
-    };
-    let text = text.to_string_lossy();
-    text.trim().parse().map(Some).map_err(|_| {
+/// `arg`'s value as a `u32`, if given.
+pub(crate) fn number(arg: &str, given: Option<i64>) -> PyResult<Option<u32>> {
+    given
+        .map(|value| {
+            u32::try_from(value).map_err(|_| {
+                PyValueError::new_err(format!("{arg} must be a non-negative int, got {value}"))
+            })
+        })
+        .transpose()
+}
+
+/// A launcher's variable that is not a number, as the `ValueError` that names it.
+fn env_error(arg: &'static str) -> impl Fn(ladle_consumer::launch::EnvError) -> PyErr {
+    move |e| {
         PyValueError::new_err(format!(
-            "${var} is {text:?}, not a non-negative int (pass {arg}= instead)"
+            "${} is {:?}, not {} (pass {arg}= instead)",
+            e.var, e.value, e.what
         ))
-    })
+    }
 }
 
 /// Connects without the GIL (a rank of a group waits for all the others, up to
@@ -123,34 +130,66 @@ fn number(arg: &str, given: Option<i64>, var: &str) -> PyResult<Option<u32>> {
 pub(crate) fn connect(
     py: Python<'_>,
     socket: Option<PathBuf>,
+    ask: Option<crate::feeds::Ask>,
     config: ConsumerConfig,
 ) -> PyResult<Consumer> {
-    // No socket: the run's environment names it (`ladle sweep` sets LADLE_SOCKET); unset is a
-    // ConnectError naming the variable.
+    let from_env = std::env::var_os(ladle_consumer::SOCKET_ENV).filter(|s| !s.is_empty());
+    let socket = socket.or_else(|| ask.as_ref().and(from_env.map(PathBuf::from)));
+    off_the_gil(py, move || match (socket, ask) {
+        // Named by its data: the registry's feed, started if none runs.
+        (None, Some(ask)) => {
+            let registry = crate::feeds::registry()?;
+            ladle_feeds::join(&registry, &ask.request, &ask.options, &ask.starter, config)
+                .map(|(consumer, _)| consumer)
+                .map_err(join_error)
+        }
+        // A socket and the data: that socket, if it serves that data.
+        (Some(socket), Some(ask)) => {
+            let consumer = Consumer::connect(socket, config).map_err(crate::connect_error)?;
+            ladle_feeds::check(&consumer, &ask.request).map_err(join_error)?;
+            Ok(consumer)
+        }
+        (Some(socket), None) => Consumer::connect(socket, config).map_err(crate::connect_error),
+        // No socket: the run's environment names it (`ladle sweep` sets LADLE_SOCKET); unset
+        // is a ConnectError naming the variable.
+        (None, None) => Consumer::connect_from_env(config).map_err(crate::connect_error),
+    })
+}
+
+/// The Python exception for a failed join by name.
+fn join_error(error: ladle_feeds::JoinError) -> PyErr {
+    match error {
+        ladle_feeds::JoinError::Connect(e) => crate::connect_error(e),
+        other => crate::ConnectError::new_err(other.to_string()),
+    }
+}
+
+/// Runs `work` on a thread of its own and waits for it without the GIL, looking at Python's
+/// signals every [`crate::WAIT_SLICE`], so that Ctrl-C interrupts a wait (for a feed to
+/// start, for a group's ranks). After an interrupt the thread finishes alone and what it
+/// made is dropped.
+pub(crate) fn off_the_gil<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl FnOnce() -> PyResult<T> + Send + 'static,
+) -> PyResult<T> {
     let (tx, rx) = mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("ladle-connect".into())
         .spawn(move || {
-            let connected = match socket {
-                Some(socket) => Consumer::connect(socket, config),
-                None => Consumer::connect_from_env(config),
-            };
-            // After an interrupt nobody receives: the consumer is dropped with the error.
-            let _ = tx.send(connected);
+            // After an interrupt nobody receives: what was made is dropped with the error.
+            let _ = tx.send(work());
         })
-        .map_err(|e| {
-            crate::LadleError::new_err(format!("cannot start the connecting thread: {e}"))
-        })?;
+        .map_err(|e| crate::LadleError::new_err(format!("cannot start a waiting thread: {e}")))?;
     let mut rx = rx;
     loop {
         // The receiver goes into the GIL-free closure and comes back (it is not `Sync`).
         let (received, back) = py.detach(move || (rx.recv_timeout(crate::WAIT_SLICE), rx));
         rx = back;
         match received {
-            Ok(connected) => return connected.map_err(crate::connect_error),
+            Ok(done) => return done,
             Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(crate::LadleError::new_err("the connecting thread panicked"));
+                return Err(crate::LadleError::new_err("the waiting thread panicked"));
             }
         }
     }
@@ -195,6 +234,48 @@ pub(crate) fn position_bytes(state: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     let bytes = encoded(state)?;
     SavedPosition::identity_of(&bytes).map_err(position_error)?;
     Ok(bytes)
+}
+
+/// What `load_state_dict` was given: one consumer's state, or every rank's of a group (a
+/// list or tuple, as a DDP job's rank 0 gathers them), each's header checked.
+pub(crate) enum Saved {
+    One(Vec<u8>),
+    Group(Vec<Vec<u8>>),
+}
+
+/// [`position_bytes`] of one state, or of each state of a list or tuple of them.
+pub(crate) fn saved(state: &Bound<'_, PyAny>) -> PyResult<Saved> {
+    let items: Option<Vec<Bound<'_, PyAny>>> = if let Ok(list) = state.cast::<PyList>() {
+        Some(list.iter().collect())
+    } else if let Ok(tuple) = state.cast::<PyTuple>() {
+        Some(tuple.iter().collect())
+    } else {
+        None
+    };
+    match items {
+        None => position_bytes(state).map(Saved::One),
+        Some(items) => items
+            .iter()
+            .map(position_bytes)
+            .collect::<PyResult<_>>()
+            .map(Saved::Group),
+    }
+}
+
+/// Loads `saved` into `consumer`: its own position, or a group's (whatever the world size it
+/// was saved with: the rest of its epoch is dealt over this group's ranks).
+pub(crate) fn load_saved(py: Python<'_>, consumer: &Consumer, saved: &Saved) -> PyResult<()> {
+    match saved {
+        Saved::One(bytes) => load(py, consumer, &position_for(consumer, bytes)?),
+        Saved::Group(all) => {
+            let positions = all
+                .iter()
+                .map(|bytes| position_for(consumer, bytes))
+                .collect::<PyResult<Vec<_>>>()?;
+            py.detach(|| consumer.load_group_positions(&positions))
+                .map_err(resume_error)
+        }
+    }
 }
 
 /// The position `bytes` ([`position_bytes`]) for `consumer`'s feed, decoded: one of another

@@ -30,7 +30,9 @@ IMAGE = 32
 def _ladle_bin() -> Path:
     env = os.environ.get("LADLE_BIN")
     if env:
-        return Path(env)
+        # Absolute: the tests run processes in other directories (Optuna workers, Hydra jobs),
+        # and those start feeds with it.
+        return Path(env).resolve()
     candidates = [REPO / "target" / p / "ladle" for p in ("release", "debug")]
     found = [c for c in candidates if c.exists()]
     if not found:
@@ -123,3 +125,40 @@ def start_producer(ladle_bin: Path, dataset: Path, tmp_path: Path):
 def producer(start_producer) -> Producer:
     """A producer with a small ring (1 MiB: a few hundred 32x32 samples)."""
     return start_producer("--ring-mib", "1")
+
+
+@pytest.fixture
+def registry(monkeypatch, ladle_bin):
+    """A registry of live feeds of this test's own (``LADLE_REGISTRY_DIR``; short, under /tmp,
+    so that socket paths fit), the binary feeds start with (``LADLE_BIN``). At teardown every
+    feed it holds must have exited by itself (deadline), and no process may mention it."""
+    import shutil
+    import tempfile
+
+    from feeds_support import is_locked, processes_mentioning
+
+    root = Path(tempfile.mkdtemp(prefix="lf-"))
+    registry = root / "reg"
+    monkeypatch.setenv("LADLE_REGISTRY_DIR", str(registry))
+    monkeypatch.setenv("LADLE_BIN", str(ladle_bin))
+    monkeypatch.delenv("LADLE_SOCKET", raising=False)
+    yield registry
+    deadline = time.monotonic() + 120
+    try:
+        for live in registry.glob("*.live") if registry.exists() else []:
+            while is_locked(live):
+                assert time.monotonic() < deadline, f"{live}: a feed still runs"
+                time.sleep(0.02)
+        left = processes_mentioning(str(registry))
+        assert not left, f"left running: {left}"
+    finally:
+        for pid, _ in processes_mentioning(str(registry)):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def feed_data(ladle_bin, tmp_path_factory) -> tuple[Path, int]:
+    """A small CIFAR-10 dataset for the feed tests, and its length."""
+    count = 600
+    return generate_cifar(ladle_bin, tmp_path_factory.mktemp("feeds") / "cifar", count), count

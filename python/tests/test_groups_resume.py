@@ -506,6 +506,102 @@ def test_group_arguments_default_to_torchruns_variables_and_bad_ones_are_value_e
         ladle.Consumer(producer.socket, 10, group="job", group_timeout=0)
 
 
+def test_ranks_take_slurms_variables_and_a_nodes_feed_waits_for_its_local_ranks_only(
+    serve, even_dataset, monkeypatch
+):
+    import threading
+
+    import ladle
+
+    producer = serve(even_dataset)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID"):
+        monkeypatch.delenv(var, raising=False)
+    # A task of `srun -n 1`: Slurm's variables say rank and world size.
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    consumer = ladle.Consumer(producer.socket, 10, group="slurm")
+    assert (consumer.rank, consumer.world_size) == (0, 1)
+    n = consumer.dataset_len
+    consumer.close()
+    # Ranks 2 and 3 of 4, two on this node ($LOCAL_WORLD_SIZE, as torchrun sets it, read
+    # even though rank and world size are passed): they start without ranks 0 and 1, whose
+    # node has a feed of its own, and read half of each epoch between them.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    read = {}
+
+    def rank(r):
+        with ladle.Consumer(producer.socket, 10, group="two-nodes", rank=r, world_size=4,
+                            group_timeout=60) as c:
+            read[r] = [int(i) for batch in c for i in np.asarray(batch.indices)]
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(read) == [2, 3], read
+    assert len(read[2]) == len(read[3]) == -(-n // 4), (n, len(read[2]))
+    assert len(set(read[2]) | set(read[3])) == 2 * len(read[2]), "the two shares overlap"
+    with pytest.raises(ValueError, match="local_world_size must be at least 1"):
+        ladle.Consumer(producer.socket, 10, group="x", rank=0, world_size=2, local_world_size=0)
+    # A bad variable is named.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(ladle.ConnectError, match=r"\$LOCAL_WORLD_SIZE=\"two\""):
+        ladle.Consumer(producer.socket, 10, group="y", rank=0, world_size=2)
+
+
+def test_a_group_resumed_on_fewer_ranks_from_every_ranks_state_delivers_the_rest_once(
+    serve, even_dataset
+):
+    import threading
+
+    import ladle
+
+    producer = serve(even_dataset)
+    n = EVEN_LEN
+    states, before = {}, []
+
+    def first(r):
+        with ladle.Consumer(producer.socket, 5, group="elastic", rank=r, world_size=4,
+                            local_world_size=4, group_timeout=60) as c:
+            epoch = iter(c)
+            for _ in range(r + 1):
+                before.extend(int(i) for i in np.asarray(next(epoch).indices))
+            states[r] = c.state_dict()
+
+    threads = [threading.Thread(target=first, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(states) == [0, 1, 2, 3]
+    saved = [states[r] for r in range(4)]  # what rank 0 gathers into the checkpoint
+    after = {}
+
+    def second(r):
+        with ladle.Consumer(producer.socket, 5, group="elastic", rank=r, world_size=2,
+                            local_world_size=2, group_timeout=60, state=saved) as c:
+            after[r] = [int(i) for b in c for i in np.asarray(b.indices)]
+
+    threads = [threading.Thread(target=second, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(after) == [0, 1]
+    rest = after[0] + after[1]
+    assert len(after[0]) == len(after[1]), "equal shares"
+    assert not set(rest) & set(before), "an index delivered before the requeue came again"
+    assert set(rest) | set(before) == set(range(n))
+    assert len(rest) <= n - len(before) + 1, "at most pad's one repeat"
+    # A group's states with a rank missing are refused, naming it.
+    with ladle.Consumer(producer.socket, 5, group="elastic", rank=0, world_size=1,
+                        local_world_size=1) as c:
+        with pytest.raises(ValueError, match="lacks rank 3 of 4"):
+            c.load_state_dict(saved[:3])
+
+
 def test_a_ddp_job_killed_mid_epoch_and_restarted_from_its_ranks_states_delivers_each_index_as_the_pad_rule_allows(  # noqa: E501
     serve, children, odd_dataset, tmp_path
 ):

@@ -24,6 +24,13 @@ pub const CHANNELS: u32 = 3;
 /// the user's code) and its fields are zero (an `i64` `label` is −1).
 pub const FLAG_BAD: u64 = 1;
 
+/// Bit 1 of a sample's flags word: a *hole*. No attached consumer needed this position of the
+/// feed's permutation when the producer reached it (protocol version 13), so it was not
+/// decoded: only its dataset index and flags were written, its fields hold whatever the slot
+/// held before. Always set with [`FLAG_BAD`], so that a hole delivered by mistake is counted
+/// as a bad sample, never taken for a good one. Consumers skip holes.
+pub const FLAG_HOLE: u64 = 2;
+
 /// The shape of a ring, sent to every consumer in `Welcome`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RingLayout {

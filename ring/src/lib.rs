@@ -47,7 +47,7 @@ pub mod wake_core;
 pub mod writer;
 
 pub use error::{LayoutError, ProtocolError, ShmError};
-pub use layout::{FLAG_BAD, RingLayout};
+pub use layout::{FLAG_BAD, FLAG_HOLE, RingLayout};
 pub use protocol::PROTOCOL_VERSION;
 pub use schema::{DType, Field, Schema, SchemaError};
 #[cfg(not(loom))]

@@ -98,13 +98,20 @@ use crate::sys;
 
 #[path = "protocol_class_names.rs"]
 mod class_names;
+#[path = "protocol_needs.rs"]
+mod needs;
 pub use class_names::{ClassNameFrames, ClassNamesReceiver, MAX_CLASS_NAME_BYTES};
+pub use needs::{Declared, NeedsFrame, NeedsReceiver, OPEN, WORDS_PER_FRAME};
 
 /// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 17;
 
 /// The largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
+
+/// The reason a producer that has begun to stop (its idle timeout passed, say) gives a
+/// `Hello`: an asker that started it on demand starts it again.
+pub const STOPPING: &str = "the producer is stopping";
 
 /// A consumer's request to join.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,8 +145,23 @@ pub struct GroupHello {
     pub rank: u32,
     /// Ranks in the group.
     pub world_size: u32,
+    /// Ranks of the group on this node, which this node's feed serves and waits for
+    /// (protocol version 15); 0 (an older client) means `world_size`: every rank here.
+    #[serde(default)]
+    pub local_world_size: u32,
     /// How long this rank waits, from its `Hello`, for the others to join (milliseconds).
     pub timeout_ms: u64,
+}
+
+impl GroupHello {
+    /// The ranks this feed waits for: [`GroupHello::local_world_size`], or the world size.
+    pub fn local(&self) -> u32 {
+        if self.local_world_size == 0 {
+            self.world_size
+        } else {
+            self.local_world_size
+        }
+    }
 }
 
 /// What makes a feed the same feed for a saved position: the same data (its length, class
@@ -260,6 +282,10 @@ pub enum ClientMessage {
     /// Instead of `Hello`: ask how the feed is doing; answered with [`ServerMessage::Stats`],
     /// then the producer closes the connection (what `ladle top` and `--record` read).
     Stats,
+    /// One frame of what this consumer still needs in a window of positions (protocol
+    /// version 13; [`NeedsFrame`]). The last frame of a declaration is answered with
+    /// [`ServerMessage::Declared`] (version 14).
+    Needs(NeedsFrame),
 }
 
 /// Producer → consumer.
@@ -305,13 +331,23 @@ pub enum ServerMessage {
         joined: Vec<u32>,
         /// Ranks in the group.
         world_size: u32,
+        /// Ranks the feed waits for: those of the group on this node (protocol version 15).
+        #[serde(default)]
+        local_world_size: u32,
     },
     /// The group's deadline passed with ranks missing; the producer closes the connection.
     GroupIncomplete {
-        /// The ranks that never said `Hello`, sorted.
+        /// The ranks that never said `Hello`, sorted; empty when the group spans nodes (this
+        /// feed cannot tell which of the others belong to this node).
         missing: Vec<u32>,
         /// Seconds this rank waited.
         waited_s: f64,
+        /// The ranks that did say `Hello` here (protocol version 15).
+        #[serde(default)]
+        arrived: Vec<u32>,
+        /// The ranks the feed waited for: the group's ranks on this node (version 15).
+        #[serde(default)]
+        local_world_size: u32,
     },
     /// Another rank of this consumer's group left or died: the group cannot go on (its
     /// split of the epoch is no longer whole). The consumer stays attached until it leaves.
@@ -320,6 +356,14 @@ pub enum ServerMessage {
         rank: u32,
         /// Why, as the producer saw it.
         reason: String,
+    },
+    /// Answer to the last frame of a [`ClientMessage::Needs`] declaration: it is installed,
+    /// and what the consumer asks for from now on is decoded as it declared (protocol
+    /// version 14). A consumer raises its demand only after this answer, so that no position
+    /// it declared unneeded is decoded because the declaration was still on its way.
+    Declared {
+        /// The declaration's [`NeedsFrame::id`].
+        id: u64,
     },
 }
 
@@ -359,11 +403,55 @@ pub struct FeedStats {
     pub leaves: u64,
     /// Let-gos since the start (a consumer held the feed back past the stall timeout).
     pub let_gos: u64,
+    /// Samples every consumer since the start has released (read), the gone ones included:
+    /// against `published`, what sharing saved (protocol version 12).
+    #[serde(default)]
+    pub consumed: u64,
+    /// Times a consumer was asked to skim, since the start (protocol version 12).
+    #[serde(default)]
+    pub skims: u64,
+    /// Positions the feed let pass undecoded since the start, because no attached consumer
+    /// needed them (holes, protocol version 13); `published` counts decoded samples only.
+    #[serde(default)]
+    pub holes: u64,
     /// The live consumers, by id.
     pub consumers: Vec<ConsumerInfo>,
     /// Live consumers left out of `consumers` to keep the answer within [`MAX_FRAME`].
     #[serde(default)]
     pub consumers_omitted: u32,
+    /// What the decoded-sample cache did for this feed; `None` when the feed runs without
+    /// one (protocol version 17).
+    #[serde(default)]
+    pub cache: Option<CacheStats>,
+}
+
+/// A feed's use of the decoded-sample cache (`ladle-cache`), counted since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheStats {
+    /// Samples augmented from a cached image: decodes saved.
+    pub hits: u64,
+    /// Samples with no entry (decoded).
+    pub misses: u64,
+    /// Entries this feed filled.
+    pub fills: u64,
+    /// Entries found stale (their file changed since) and decoded again.
+    pub stale: u64,
+    /// Bytes of records this feed filled.
+    pub bytes_filled: u64,
+    /// Whether the feed is attached to the cache's keeper now.
+    pub attached: bool,
+}
+
+impl CacheStats {
+    /// Hits over lookups, `0..=1` (0 before any lookup).
+    pub fn hit_rate(&self) -> f64 {
+        let lookups = self.hits + self.misses;
+        if lookups == 0 {
+            0.0
+        } else {
+            self.hits as f64 / lookups as f64
+        }
+    }
 }
 
 impl FeedStats {
@@ -661,8 +749,19 @@ mod tests {
             joins: u64::MAX,
             leaves: u64::MAX,
             let_gos: u64::MAX,
+            consumed: u64::MAX,
+            skims: u64::MAX,
+            holes: u64::MAX,
             consumers: (0..256).map(consumer).collect(),
             consumers_omitted: 0,
+            cache: Some(CacheStats {
+                hits: u64::MAX,
+                misses: u64::MAX,
+                fills: u64::MAX,
+                stale: u64::MAX,
+                bytes_filled: u64::MAX,
+                attached: true,
+            }),
         };
         stats.fit_frame();
         assert!(
@@ -777,11 +876,21 @@ mod tests {
         for message in [
             ServerMessage::GroupWaiting {
                 joined: ranks.clone(),
-                world_size: MAX_WORLD_SIZE,
+                world_size: u32::MAX,
+                local_world_size: MAX_WORLD_SIZE,
+            },
+            // A rank either came or is missing: the two lists share the ranks.
+            ServerMessage::GroupIncomplete {
+                missing: ranks.iter().copied().filter(|r| r % 2 == 0).collect(),
+                waited_s: f64::MAX,
+                arrived: ranks.iter().copied().filter(|r| r % 2 == 1).collect(),
+                local_world_size: MAX_WORLD_SIZE,
             },
             ServerMessage::GroupIncomplete {
-                missing: ranks,
+                missing: Vec::new(),
                 waited_s: f64::MAX,
+                arrived: ranks,
+                local_world_size: MAX_WORLD_SIZE,
             },
         ] {
             let body = serde_json::to_vec(&message).unwrap();

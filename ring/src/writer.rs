@@ -223,6 +223,19 @@ impl ProducerRing {
     /// ring's worth. A reader waiting for a batch has asked for its end, so it always gets
     /// it: the limit never stalls a reader, only decoding nobody asked for yet.
     pub fn try_loan_within(&self, readers: &Readers, read_ahead: u64) -> Gate<'_> {
+        self.try_loan_counted(readers, read_ahead, |_| 0)
+    }
+
+    /// [`ProducerRing::try_loan_within`] where positions that were not decoded (holes, from
+    /// [`WriteLoan::commit_hole`]) do not count against the read-ahead: `holes_from(demand)`
+    /// says how many holes lie at or after the furthest demand, and the limit moves up by as
+    /// many. The read-ahead then bounds decoding, not positions.
+    pub fn try_loan_counted(
+        &self,
+        readers: &Readers,
+        read_ahead: u64,
+        holes_from: impl Fn(u64) -> u64,
+    ) -> Gate<'_> {
         assert_eq!(
             readers.ring,
             self.id(),
@@ -234,12 +247,18 @@ impl ProducerRing {
         let mut slowest: Option<(&Reader, u64)> = None;
         // The reader that asked for the most, with its demand word read before its demand
         // (a later change makes the word differ, so a sleep on it cannot miss the change).
+        // A reader asks from its first reservation on: one whose demand is still where it was
+        // attached (`floor`) has asked for nothing yet and lets nothing be decoded, so that
+        // a connect costs no decode before the consumer says what it needs (protocol 13's
+        // `Needs`). With none that asked, the producer sleeps on the first reader's page.
         let mut furthest: Option<(&Reader, u32, u64)> = None;
+        let mut first: Option<(&Reader, u32)> = None;
         let mut violations = Vec::new();
         for reader in &readers.list {
             let word = reader.page.demand_word();
             let demand = reader.page.demand();
-            if furthest.is_none_or(|(_, _, d)| demand > d) {
+            first.get_or_insert((reader, word));
+            if demand > reader.floor && furthest.is_none_or(|(_, _, d)| demand > d) {
                 furthest = Some((reader, word, demand));
             }
             // Read once: every decision below uses this value.
@@ -270,9 +289,16 @@ impl ProducerRing {
                 page: reader.page.clone(),
             };
         }
-        if let Some((reader, word, demand)) = furthest
-            && seq >= demand.saturating_add(read_ahead)
-        {
+        let ahead = match furthest {
+            _ if read_ahead == u64::MAX => None, // no limit (`try_loan`)
+            Some((reader, word, demand)) => (seq
+                >= demand
+                    .saturating_add(read_ahead)
+                    .saturating_add(holes_from(demand)))
+            .then_some((reader, word)),
+            None => first,
+        };
+        if let Some((reader, word)) = ahead {
             return Gate::Ahead {
                 page: reader.page.clone(),
                 word,
@@ -364,6 +390,16 @@ impl WriteLoan<'_> {
         self.publish()
     }
 
+    /// Publishes the slot as a hole at dataset index `index`: nobody needed it, so nothing was
+    /// decoded. Only the index and the flags [`FLAG_HOLE`](crate::layout::FLAG_HOLE) |
+    /// [`FLAG_BAD`](crate::layout::FLAG_BAD) are written; the fields keep what they held.
+    pub fn commit_hole(mut self, index: u64) -> Option<u64> {
+        let slot = self.slot();
+        *slot.index = index;
+        *slot.flags = crate::layout::FLAG_HOLE | crate::layout::FLAG_BAD;
+        self.publish()
+    }
+
     fn publish(&mut self) -> Option<u64> {
         self.committed = true;
         self.ring.complete(self.seq)
@@ -388,7 +424,7 @@ pub(crate) type TakenFlag = AtomicBool;
 mod tests {
     use super::*;
     use crate::RingLayout;
-    use crate::layout::FLAG_BAD;
+    use crate::layout::{FLAG_BAD, FLAG_HOLE};
     use crate::shm::ConsumerRing;
 
     fn ring() -> (ProducerRing, Readers) {
@@ -402,6 +438,74 @@ mod tests {
         let (ring, readers) = ring();
         assert!(matches!(ring.try_loan(&readers), Gate::Idle));
         assert!(ring.readers().is_none(), "a second reader set");
+    }
+
+    #[test]
+    fn a_hole_is_published_in_order_with_its_index_and_the_hole_flag_and_writes_no_field() {
+        let (ring, mut readers) = ring();
+        let page = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, page, None).unwrap();
+        fn loan<'r>(ring: &'r ProducerRing, readers: &Readers) -> WriteLoan<'r> {
+            match ring.try_loan(readers) {
+                Gate::Loan(loan) => loan,
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut good = loan(&ring, &readers);
+        good.slot().field(0).fill(7);
+        assert_eq!(good.commit(10), Some(1));
+        let hole = loan(&ring, &readers);
+        let late = loan(&ring, &readers);
+        // Published in order: the hole at 1 waits for nothing, the good one at 2 for the hole.
+        assert_eq!(late.commit(12), None);
+        assert_eq!(hole.commit_hole(11), Some(3));
+        let view = ConsumerRing::map(ring.fd(), ring.layout().clone()).unwrap();
+        let loan = view.read_loan(0, 3).unwrap();
+        assert_eq!(view.indices(&loan), &[10, 11, 12]);
+        assert_eq!(view.flags(&loan), &[0, FLAG_HOLE | FLAG_BAD, 0]);
+        let image = 8 * 8 * 3;
+        let fields = view.field(&loan, 0);
+        assert!(fields[..image].iter().all(|&b| b == 7));
+        assert!(
+            fields[image..2 * image].iter().all(|&b| b == 0),
+            "a hole writes no field"
+        );
+    }
+
+    #[test]
+    fn holes_beyond_the_furthest_demand_do_not_count_against_the_read_ahead() {
+        let (ring, mut readers) = ring();
+        let page = Arc::new(CursorPage::create(0).unwrap());
+        readers.attach(&ring, 1, page.clone(), None).unwrap();
+        page.raise_demand(2);
+        // Read-ahead 4 past demand 2: positions 0..6, plus one more per hole at or past 2.
+        let mut taken = Vec::new();
+        loop {
+            let holes = taken.iter().filter(|&&(s, h)| h && s >= 2).count() as u64;
+            match ring.try_loan_counted(&readers, 4, |demand| {
+                assert_eq!(demand, 2);
+                holes
+            }) {
+                Gate::Loan(loan) => {
+                    let seq = loan.seq();
+                    // Every other position is a hole.
+                    let hole = seq % 2 == 1;
+                    if hole {
+                        loan.commit_hole(seq);
+                    } else {
+                        loan.commit(seq);
+                    }
+                    taken.push((seq, hole));
+                }
+                Gate::Ahead { .. } => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        let decoded_past_demand = taken.iter().filter(|&&(s, h)| !h && s >= 2).count();
+        assert_eq!(
+            decoded_past_demand, 4,
+            "the read-ahead counts decodes: {taken:?}"
+        );
     }
 
     #[test]
@@ -428,14 +532,24 @@ mod tests {
                 assert!(seqs.len() as u64 <= n, "past the read-ahead: {seqs:?}");
             }
         };
-        // Attached at 0, nothing asked for: a warm-up of the read-ahead.
-        assert_eq!(take(4).0, [0, 1, 2, 3]);
+        // Attached at 0, nothing asked for: nothing decoded (until protocol 13 this was a
+        // warm-up of the read-ahead; a resumed consumer's connect then decoded samples it
+        // would declare unneeded).
+        let (seqs, on_fast) = take(0);
+        assert!(seqs.is_empty());
+        assert!(
+            !on_fast,
+            "with none that asked, the producer sleeps on the first page"
+        );
+        // The first ask lets the read-ahead past it go.
+        slow.raise_demand(1);
+        assert_eq!(take(5).0, [0, 1, 2, 3, 4]);
         // The furthest demand counts (the slower reader's does not hold it back), and the
         // producer sleeps on the page of the reader that asked for the most.
         slow.raise_demand(2);
         fast.raise_demand(10);
-        let (seqs, on_fast) = take(10);
-        assert_eq!(seqs, (4..14).collect::<Vec<_>>());
+        let (seqs, on_fast) = take(9);
+        assert_eq!(seqs, (5..14).collect::<Vec<_>>());
         assert!(on_fast);
         // Demand only grows.
         fast.raise_demand(3);

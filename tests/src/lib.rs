@@ -192,9 +192,21 @@ impl Fixture {
         out
     }
 
-    /// Starts `ladle ARGS` with piped output; returns its handle.
+    /// Starts `ladle ARGS` with piped output; returns its handle. Its registry of feeds
+    /// started on demand is the fixture's own (`LADLE_REGISTRY_DIR` = [`Fixture::registry`]),
+    /// never the user's.
     pub fn spawn(&mut self, args: &[&str]) -> usize {
-        self.start(Command::new(ladle_bin()).args(args))
+        let registry = self.registry();
+        self.start(
+            Command::new(ladle_bin())
+                .args(args)
+                .env("LADLE_REGISTRY_DIR", registry),
+        )
+    }
+
+    /// The registry of feeds started on demand that the fixture's `ladle` processes use.
+    pub fn registry(&self) -> PathBuf {
+        self.dir.path().join("reg")
     }
 
     /// Starts `PROGRAM ARGS` (`argv`) with piped output, e.g. `ladle` under `prlimit`.
@@ -217,7 +229,8 @@ impl Fixture {
         )
     }
 
-    fn start(&mut self, command: &mut Command) -> usize {
+    /// Starts `command` with piped output (its environment as set); returns its handle.
+    pub fn start(&mut self, command: &mut Command) -> usize {
         let name = command.get_program().to_string_lossy().into_owned();
         self.children
             .push(Proc::spawn(name, command).expect("spawn ladle"));
@@ -493,4 +506,17 @@ pub fn recorded_sim_sweep(fx: &mut Fixture, data: &Path, out: &Path, rec: &Path)
     );
     assert!(done.status.success(), "{}", done.stderr);
     done
+}
+
+/// Reads `epochs` epochs of `consumer`; returns each epoch's indices in delivery order.
+pub fn read_epochs(consumer: &ladle_consumer::Consumer, epochs: usize) -> Vec<Vec<u64>> {
+    (0..epochs)
+        .map(|_| {
+            let mut indices = Vec::new();
+            for batch in consumer.epoch() {
+                indices.extend_from_slice(batch.unwrap().indices());
+            }
+            indices
+        })
+        .collect()
 }

@@ -389,3 +389,50 @@ fn a_consumer_that_keeps_a_batch_skims_past_it_and_the_fast_one_is_not_held_back
     let fast_done = fx.wait(fast, GUARD);
     exact_epochs_so_far(&fast_done, "the fast consumer");
 }
+
+#[test]
+fn a_skimmer_beside_a_rank_gets_its_gaps_decoded_and_only_those_and_both_stay_exact() {
+    // The fast consumer is rank 0 of a group of 2 whose other rank reads elsewhere: it needs
+    // half of each epoch. The slow one skims: since protocol 16 it declares what its epoch
+    // still lacks, so positions neither needs pass as holes (before, a skimmer needed every
+    // position and there were none), and its epochs still complete, exact.
+    let mut fx = Fixture::new();
+    small_ring_feed(&mut fx, "skim", &[]);
+    let slow = fx.consume(4, 2, &["--name", "slow", "--step-ms", "100"]);
+    let rank = fx.consume(
+        8,
+        100_000,
+        &[
+            "--name",
+            "rank",
+            "--group",
+            "half",
+            "--rank",
+            "0",
+            "--world-size",
+            "2",
+            "--local-world-size",
+            "1",
+        ],
+    );
+    // Holes from before it skims (the rank may read alone for a moment first) do not count.
+    let skims = fx.wait_for_stats("the slow consumer skims", |s| {
+        named(s, "slow").is_some_and(|c| c.skimming && !c.attached)
+    });
+    // Counted while it is still there (once it leaves, the rank alone lets half pass).
+    let stats = fx.wait_for_stats("the skimmer in its second epoch", |s| {
+        named(s, "slow").is_some_and(|c| c.released >= 300)
+    });
+    let done = fx.wait(slow, GUARD);
+    done.assert_exact(2, "the skimmer");
+    assert!(
+        stats.holes > skims.holes,
+        "no position let pass while it skimmed: the skimmer needed everything ({} holes, {} \
+         decoded)",
+        stats.holes,
+        stats.published
+    );
+    fx.signal(rank, 9);
+    let rank_done = fx.wait(rank, GUARD);
+    exact_epochs_so_far(&rank_done, "the rank");
+}

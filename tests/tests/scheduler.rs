@@ -651,6 +651,82 @@ fn feeds_and_jobs_that_decode_for_themselves_share_the_cores_and_feed_consumers_
 }
 
 #[test]
+fn a_job_stating_host_memory_waits_while_rings_and_the_cache_budget_leave_too_little() {
+    // 1 GiB shared: a feed's 64 MiB ring and its decoded-sample cache's 512 MiB budget
+    // leave 448 MiB: one job of 300 MiB fits, a second waits, a consumer stating none runs.
+    let mut s = Scheduler::start(2, &["--host-mem", "1GiB"]);
+    let dir = s.dir_arg();
+    let wider = s.fx.run(
+        &["submit", "--dir", &dir, "--host-mem", "2GiB", "--", "true"],
+        GUARD,
+    );
+    assert!(
+        !wider.status.success(),
+        "a job larger than the machine would wait forever"
+    );
+    assert!(wider.stderr.contains("host memory"), "{}", wider.stderr);
+    let data = s.fx.dataset(20, 40, 36);
+    let socket = s.fx.socket();
+    s.fx.spawn(&[
+        "serve",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+        "--image-size",
+        "32",
+        "--ring-mib",
+        "64",
+        "--threads",
+        "1",
+        "--cache-gib",
+        "0.5",
+        "--name",
+        "photos",
+        "--dir",
+        &dir,
+    ]);
+    let queue = wait_until("the feed and its cache counted", GUARD, || {
+        let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
+        if queue.stdout.contains("decoded-sample cache 512MiB")
+            && queue.stdout.contains("feed \"photos\"")
+        {
+            Ok(Some(queue.stdout))
+        } else {
+            Err(queue.stdout)
+        }
+    });
+    assert!(queue.contains("host memory: 576MiB of 1GiB"), "{queue}");
+    let release = s.file("release");
+    let hold = format!("while [ ! -e {release} ]; do sleep 0.05; done");
+    let a = s.submit(&["--host-mem", "300MiB", "--gpu-mem", "1GiB"], &hold);
+    s.wait_for(a, &["running"]);
+    let b = s.submit(&["--host-mem", "300MiB", "--gpu-mem", "1GiB"], &hold);
+    let c = s.submit(&["--feed", "photos", "--gpu-mem", "1GiB"], &hold);
+    // `c`, submitted after `b`, running is the daemon's word that a round passed `b` over.
+    let queue = wait_until("the feed's consumer running", GUARD, || {
+        let q = s.queue();
+        if state_in(&q, c) == "running" {
+            Ok(Some(q))
+        } else {
+            Err(q.to_string())
+        }
+    });
+    assert_eq!(
+        state_in(&queue, b),
+        "queued",
+        "no room for a second job: {queue}"
+    );
+    std::fs::write(&release, "").unwrap();
+    for id in [a, b, c] {
+        assert_eq!(
+            s.wait_for(id, &["succeeded", "failed"])["state"],
+            "succeeded"
+        );
+    }
+}
+
+#[test]
 fn a_restarted_scheduler_learns_a_running_feed_again() {
     let mut s = Scheduler::start(1, &[]);
     serve_feed(&mut s, "cifar");
@@ -675,5 +751,71 @@ fn a_restarted_scheduler_learns_a_running_feed_again() {
     assert_eq!(
         s.wait_for(id, &["succeeded", "failed"])["state"],
         "succeeded"
+    );
+}
+
+#[test]
+fn a_feed_started_on_demand_is_in_the_schedulers_feed_list_and_a_job_can_name_it() {
+    let mut s = Scheduler::start(1, &[]);
+    let data = s.fx.dataset(20, 40, 36);
+    let dir = s.dir_arg();
+    let started = s.fx.run(
+        &[
+            "feeds",
+            "start",
+            "--dataset",
+            data.to_str().unwrap(),
+            "--image-size",
+            "32",
+            "--ring-mib",
+            "2",
+            "--threads",
+            "1",
+            "--idle-timeout",
+            "1",
+            "--orphan-timeout",
+            "60",
+        ],
+        GUARD,
+    );
+    assert!(started.status.success(), "{}", started.stderr);
+    let entry: Value = serde_json::from_str(started.stdout.trim()).unwrap();
+    let key = entry["key"].as_str().unwrap().to_owned();
+    let name = format!("auto-{}", &key[..8]);
+    // The scheduler reads the user's registry: no registration.
+    wait_until("the scheduler listing the feed", GUARD, || {
+        let queue = s.fx.run(&["queue", "--dir", &dir], GUARD);
+        if queue.stdout.contains(&format!("feed {name:?}")) {
+            Ok(Some(()))
+        } else {
+            Err(queue.stdout)
+        }
+    });
+    let out = s.file("socket-seen");
+    let id = s.submit(
+        &["--feed", &name],
+        &format!("echo \"$LADLE_SOCKET\" > {out}"),
+    );
+    assert_eq!(
+        s.wait_for(id, &["succeeded", "failed"])["state"],
+        "succeeded"
+    );
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(seen.trim(), entry["socket"].as_str().unwrap());
+    // Stopped, it is gone from the scheduler too.
+    let stopped = s.fx.run(&["feeds", "stop", &key], GUARD);
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let live = s.fx.registry().join(format!("{key}.live"));
+    wait_until("the feed to exit", GUARD, || {
+        Ok((!ladle_os::process::is_locked(&live).unwrap()).then_some(()))
+    });
+    let refused = s.fx.run(
+        &["submit", "--dir", &dir, "--feed", &name, "--", "true"],
+        GUARD,
+    );
+    assert!(
+        refused.stderr.contains("no live feed"),
+        "{}",
+        refused.stderr
     );
 }

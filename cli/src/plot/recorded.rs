@@ -347,6 +347,9 @@ mod tests {
             cpu_cores: value,
             dataset_len: 0,
             threads: 0,
+            cache_hits: 0,
+            cache_misses: 0,
+            cache_fills: 0,
         }
     }
 

@@ -55,6 +55,9 @@ fn rows() -> Rows {
             cpu_cores: 1.5,
             dataset_len: 600,
             threads: 2,
+            cache_hits: 1860,
+            cache_misses: 140,
+            cache_fills: 140,
         }],
         consumers: vec![consumer(2, "run-01", false), consumer(1, "run-00", true)],
         scheduler: Some(SchedulerRow {
@@ -135,6 +138,7 @@ fn the_view_shows_the_header_gpus_jobs_feed_and_consumers() {
         "decode 1234/s",
         "ring 48/64 (75%)",
         "1.5 cores",
+        "cache 93% hits (1860 decodes saved)",
     ] {
         assert!(feed.contains(part), "{feed}");
     }

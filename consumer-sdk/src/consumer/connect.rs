@@ -2,6 +2,8 @@
 //! mappings.
 
 use super::*;
+use crate::error::LocalRanks;
+use crate::launch::{self, Found};
 use ladle_ring::protocol::{ClassNamesReceiver, Welcome};
 
 /// Connects to `socket`, retrying for up to `wait` while no file exists there yet (a feed
@@ -34,6 +36,7 @@ fn receive_welcome(
     sock: &UnixStream,
     socket: &Path,
     config: &ConsumerConfig,
+    local: Option<&Found>,
     started: Instant,
     mut deadline: Instant,
     names: &mut ClassNamesReceiver,
@@ -43,20 +46,37 @@ fn receive_welcome(
     };
     let group_deadline =
         started + config.group_timeout.min(GROUP_WAIT_CAP) + config.handshake_timeout;
+    let (local, local_from) = match local {
+        Some((n, from)) => (*n, from.to_string()),
+        None => (group.world_size, launch::Origin::WorldSize.to_string()),
+    };
     let mut joined = Vec::new();
     loop {
         match recv_gathering_names(sock, deadline, names) {
             Ok((ServerMessage::GroupWaiting { joined: now, .. }, _)) => {
-                tracing::info!(group = %group.name, rank = group.rank, joined = ?now, world_size = group.world_size, "waiting for the other ranks of the group");
+                tracing::info!(group = %group.name, rank = group.rank, joined = ?now, world_size = group.world_size, local_world_size = local, "waiting for the other ranks of the group on this node");
                 joined = now;
                 deadline = group_deadline;
             }
-            Ok((ServerMessage::GroupIncomplete { missing, waited_s }, _)) => {
+            Ok((
+                ServerMessage::GroupIncomplete {
+                    missing,
+                    waited_s,
+                    arrived,
+                    ..
+                },
+                _,
+            )) => {
                 return Err(Err(ConnectError::GroupIncomplete {
                     socket: socket.into(),
                     group: group.name.clone(),
                     missing,
                     world_size: group.world_size,
+                    local: Box::new(LocalRanks {
+                        arrived,
+                        local_world_size: local,
+                        local_from,
+                    }),
                     waited: Duration::try_from_secs_f64(waited_s).unwrap_or_default(),
                 }));
             }
@@ -65,13 +85,23 @@ fn receive_welcome(
                 if !joined.is_empty()
                     && matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
             {
+                let missing = if local < group.world_size {
+                    Vec::new()
+                } else {
+                    (0..group.world_size)
+                        .filter(|r| !joined.contains(r))
+                        .collect()
+                };
                 return Err(Err(ConnectError::GroupIncomplete {
                     socket: socket.into(),
                     group: group.name.clone(),
-                    missing: (0..group.world_size)
-                        .filter(|r| !joined.contains(r))
-                        .collect(),
+                    missing,
                     world_size: group.world_size,
+                    local: Box::new(LocalRanks {
+                        arrived: joined,
+                        local_world_size: local,
+                        local_from,
+                    }),
                     waited: started.elapsed(),
                 }));
             }
@@ -118,7 +148,30 @@ impl Consumer {
         let started = std::time::Instant::now();
         let timeout = config.handshake_timeout.max(Duration::from_millis(1));
         let (sock, deadline) = open_checked(&socket, &config, started, timeout)?;
-        let (welcome, fds) = handshake(&sock, &socket, &config, started, deadline, timeout)?;
+        let local = match &config.group {
+            Some(g) => Some(
+                launch::local_world_size(
+                    config.local_world_size,
+                    g.world_size,
+                    launch::process_env,
+                )
+                .map_err(|source| ConnectError::Launch {
+                    socket: socket.clone(),
+                    group: g.name.clone(),
+                    source,
+                })?,
+            ),
+            None => None,
+        };
+        let (welcome, fds) = handshake(
+            &sock,
+            &socket,
+            &config,
+            local.as_ref(),
+            started,
+            deadline,
+            timeout,
+        )?;
         let (ring, cursor) = map_welcome(&socket, &config, &welcome, fds)?;
         tracing::info!(
             socket = %socket.display(),
@@ -277,6 +330,7 @@ fn handshake(
     sock: &UnixStream,
     socket: &Path,
     config: &ConsumerConfig,
+    local: Option<&Found>,
     started: Instant,
     deadline: Instant,
     timeout: Duration,
@@ -291,6 +345,7 @@ fn handshake(
             name: g.name.clone(),
             rank: g.rank,
             world_size: g.world_size,
+            local_world_size: local.map_or(g.world_size, |(n, _)| *n),
             timeout_ms: u64::try_from(config.group_timeout.as_millis()).unwrap_or(u64::MAX),
         }),
     });
@@ -310,12 +365,12 @@ fn handshake(
         return Err(handshake_error(e, socket.to_owned()));
     }
     let mut names = ClassNamesReceiver::default();
-    let (message, fds) = match receive_welcome(sock, socket, config, started, deadline, &mut names)
-    {
-        Ok(received) => received,
-        Err(Ok(e)) => return Err(handshake_error(e, socket.to_owned())),
-        Err(Err(e)) => return Err(e),
-    };
+    let (message, fds) =
+        match receive_welcome(sock, socket, config, local, started, deadline, &mut names) {
+            Ok(received) => received,
+            Err(Ok(e)) => return Err(handshake_error(e, socket.to_owned())),
+            Err(Err(e)) => return Err(e),
+        };
     // From here on the timeouts bound the reading (and writing) of one frame that has
     // begun to arrive.
     if let Err(source) = sock
@@ -342,7 +397,8 @@ fn handshake(
         | ServerMessage::ClassNames { .. }
         | ServerMessage::GroupWaiting { .. }
         | ServerMessage::GroupIncomplete { .. }
-        | ServerMessage::GroupBroken { .. } => {
+        | ServerMessage::GroupBroken { .. }
+        | ServerMessage::Declared { .. } => {
             return Err(ConnectError::Protocol {
                 socket: socket.to_owned(),
                 source: ProtocolError::Malformed("an answer other than Welcome".into()),

@@ -97,6 +97,10 @@ impl Consumer {
         let mut stop = first + count;
         let before = owned.len();
         for (k, &index) in indices.iter().enumerate() {
+            // A hole: nobody needed it when the feed passed it (this consumer included).
+            if flags[k] & FLAG_HOLE != 0 {
+                continue;
+            }
             if state.epochs.deliver(index) {
                 owned.push(first + k as u64, k, &fields, index, flags[k]);
                 if owned.len() as u64 == batch_size || state.epochs.is_complete() {

@@ -15,8 +15,8 @@ use ladle_ring::protocol::{
     self, ClientMessage, DatasetInfo, FeedIdentity, GroupHello, Hello, ServerMessage,
 };
 use ladle_ring::{
-    ConsumerRing, CursorPage, PROTOCOL_VERSION, ProtocolError, ReadLoan, RingLayout, Schema, shm,
-    sys,
+    ConsumerRing, CursorPage, FLAG_HOLE, PROTOCOL_VERSION, ProtocolError, ReadLoan, RingLayout,
+    Schema, shm, sys,
 };
 
 use crate::config::{self, ConsumerConfig};
@@ -184,7 +184,115 @@ impl Consumer {
             state.next_seq = begin;
             self.release_locked(&mut state);
         }
+        self.declare(&mut state);
         number
+    }
+
+    /// Tells the producer what the current epoch still needs, if it is gathered (protocol
+    /// version 13), and waits for its answer (`Declared`, version 14): the feed then decodes
+    /// only what some consumer needs. A failure to send, or no answer within the handshake
+    /// timeout, is this consumer's end, as any broken socket is.
+    fn declare(&self, state: &mut State) {
+        let Some(current) = state.epochs.declaration() else {
+            return;
+        };
+        // A rank also declares its next epoch's share, so that the read-ahead past this
+        // window decodes only what this node's ranks take (the current window first: the
+        // producer keeps two windows per consumer and lets the oldest go).
+        let declarations = [Some(current), state.epochs.next_declaration()];
+        let mut frames = Vec::new();
+        let mut last = 0;
+        for (from, to, words) in declarations.into_iter().flatten() {
+            let split = protocol::NeedsFrame::split(from, from, to, self.dataset.len, &words);
+            frames.extend(split.into_iter().map(ClientMessage::Needs));
+            last = from;
+        }
+        // Demand is raised only after the answer: a position asked for before the producer
+        // installed the declaration would be decoded whether needed or not.
+        let answered = self.ask(state, frames, |answer| match answer {
+            ServerMessage::Declared { id } if *id == last => Some(()),
+            _ => None,
+        });
+        if let Err(e) = answered {
+            self.fail(state, e);
+        }
+    }
+
+    /// Sends `messages` and waits, for at most the handshake timeout, for the answer that
+    /// `pick` takes. `End` and `Detached` end the wait as errors; another rank's
+    /// `GroupBroken` is recorded as this consumer's fatal error and the wait goes on; an
+    /// answer nobody waits for any more (a `Declared` after a timeout) is skipped.
+    ///
+    /// Runs under the state lock (its caller's) and the socket lock.
+    fn ask<T>(
+        &self,
+        state: &mut State,
+        messages: Vec<ClientMessage>,
+        pick: impl Fn(&ServerMessage) -> Option<T>,
+    ) -> Result<T, ConsumerError> {
+        let socket = || self.socket.clone();
+        let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+        let failed = |source: ProtocolError| ConsumerError::Protocol {
+            socket: socket(),
+            source: Arc::new(source),
+        };
+        for message in &messages {
+            protocol::send(&sock, message, &[]).map_err(failed)?;
+        }
+        let deadline = Instant::now() + self.config.handshake_timeout;
+        let answer = loop {
+            match protocol::recv_by::<ServerMessage>(&sock, deadline) {
+                Ok((message, _)) => {
+                    if let Some(answer) = pick(&message) {
+                        break Ok(answer);
+                    }
+                    match self.told(message) {
+                        Some(e @ ConsumerError::GroupBroken { .. }) => {
+                            self.fail(state, e);
+                        }
+                        Some(e) => break Err(e),
+                        None => {}
+                    }
+                }
+                Err(ProtocolError::Closed) => {
+                    break Err(ConsumerError::ProducerGone { socket: socket() });
+                }
+                Err(e) => break Err(failed(e)),
+            }
+        };
+        // Back to the timeout that bounds the reading of a frame that began to arrive.
+        let _ = sock.set_read_timeout(Some(
+            self.config.handshake_timeout.max(Duration::from_millis(1)),
+        ));
+        answer
+    }
+
+    /// What a message the producer sent unasked means for this consumer: the error it
+    /// ends with (`End`, `Detached`, `GroupBroken`), or `None` (logged and skipped).
+    fn told(&self, message: ServerMessage) -> Option<ConsumerError> {
+        let socket = self.socket.clone();
+        match message {
+            ServerMessage::End { reason } => Some(ConsumerError::ProducerEnded { socket, reason }),
+            ServerMessage::Detached { reason } => Some(ConsumerError::Detached { socket, reason }),
+            ServerMessage::GroupBroken { rank, reason } => {
+                let group = self.config.group.as_ref().map(|g| g.name.clone());
+                Some(ConsumerError::GroupBroken {
+                    socket,
+                    group: group.unwrap_or_default(),
+                    rank,
+                    reason,
+                })
+            }
+            // The answer to a declaration whose wait timed out.
+            ServerMessage::Declared { .. } => None,
+            other => {
+                tracing::warn!(
+                    consumer_id = self.consumer_id,
+                    "ignoring an unexpected {other:?}"
+                );
+                None
+            }
+        }
     }
 
     /// The samples the current epoch delivers in all, fixed when it began: the consumer's
@@ -401,6 +509,20 @@ impl Consumer {
             return Ok(Delivery::Void);
         }
         let delivery = self.deliver_locked(&mut state, (first, count), generation, number)?;
+        if let Delivery::Delivered(loan) = &delivery
+            && self.ring.flags(loan).iter().any(|f| f & FLAG_HOLE != 0)
+        {
+            // A whole epoch's window holds no hole: this consumer needs all of it.
+            let error = ConsumerError::Protocol {
+                socket: self.socket.clone(),
+                source: Arc::new(ProtocolError::Malformed(format!(
+                    "a position of {first}..{} was let pass undecoded (a hole), in a window \
+                     this consumer reads whole",
+                    first + count
+                ))),
+            };
+            return Err(self.fail(&mut state, error));
+        }
         if let Delivery::Delivered(loan) = &delivery {
             // Published (the caller waited for it), held (so at or above the cursor) and
             // delivered just now: the producer may not write it for its stall timeout.
@@ -467,44 +589,10 @@ impl Consumer {
     /// resets it) and the socket lock, for at most the handshake timeout.
     fn rejoin(&self, state: &mut State) -> Result<(), ConsumerError> {
         let socket = || self.socket.clone();
-        let start = {
-            let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
-            let failed = |source: ProtocolError| ConsumerError::Protocol {
-                socket: socket(),
-                source: Arc::new(source),
-            };
-            protocol::send(&sock, &ClientMessage::Rejoin, &[]).map_err(failed)?;
-            let deadline = Instant::now() + self.config.handshake_timeout;
-            let answer = loop {
-                match protocol::recv_by::<ServerMessage>(&sock, deadline) {
-                    Ok((ServerMessage::Rejoined { start_seq }, _)) => break Ok(start_seq),
-                    Ok((ServerMessage::End { reason }, _)) => {
-                        break Err(ConsumerError::ProducerEnded {
-                            socket: socket(),
-                            reason,
-                        });
-                    }
-                    Ok((ServerMessage::Detached { reason }, _)) => {
-                        break Err(ConsumerError::Detached {
-                            socket: socket(),
-                            reason,
-                        });
-                    }
-                    Ok((other, _)) => {
-                        tracing::warn!(consumer_id = self.consumer_id, "ignoring {other:?}");
-                    }
-                    Err(ProtocolError::Closed) => {
-                        break Err(ConsumerError::ProducerGone { socket: socket() });
-                    }
-                    Err(e) => break Err(failed(e)),
-                }
-            };
-            // Back to the timeout that bounds the reading of a frame that began to arrive.
-            let _ = sock.set_read_timeout(Some(
-                self.config.handshake_timeout.max(Duration::from_millis(1)),
-            ));
-            answer
-        };
+        let start = self.ask(state, vec![ClientMessage::Rejoin], |answer| match answer {
+            ServerMessage::Rejoined { start_seq } => Some(*start_seq),
+            _ => None,
+        });
         let start = match start {
             Ok(start) if start >= state.released => start,
             Ok(start) => {
@@ -529,6 +617,8 @@ impl Consumer {
         // The epoch in progress takes the window [start, start + N) when it has seen part of
         // the dataset; otherwise the next epoch to begin starts at `start`.
         state.next_seq = state.epochs.rejoined(start);
+        // What it declared was for its old attachment: the producer forgot it.
+        self.declare(state);
         if !was_skimming {
             state.rejoins += 1;
         }
@@ -653,6 +743,11 @@ impl Consumer {
         }
     }
 
+    /// The feed's identity (its data, seed, transform and schema), as its `Welcome` said.
+    pub fn identity(&self) -> &FeedIdentity {
+        &self.identity
+    }
+
     /// What a sample of this feed is.
     pub fn schema(&self) -> &Schema {
         &self.ring.layout().schema
@@ -688,32 +783,10 @@ impl Consumer {
         };
         match polled {
             Ok(None) => {}
-            Ok(Some(ServerMessage::End { reason })) => {
-                self.set_fatal(ConsumerError::ProducerEnded {
-                    socket: socket(),
-                    reason,
-                })
-            }
-            Ok(Some(ServerMessage::Detached { reason })) => {
-                self.set_fatal(ConsumerError::Detached {
-                    socket: socket(),
-                    reason,
-                })
-            }
-            Ok(Some(ServerMessage::GroupBroken { rank, reason })) => {
-                let group = self.config.group.as_ref().map(|g| g.name.clone());
-                self.set_fatal(ConsumerError::GroupBroken {
-                    socket: socket(),
-                    group: group.unwrap_or_default(),
-                    rank,
-                    reason,
-                })
-            }
-            Ok(Some(other)) => {
-                tracing::warn!(
-                    consumer_id = self.consumer_id,
-                    "ignoring an unexpected {other:?}"
-                );
+            Ok(Some(message)) => {
+                if let Some(error) = self.told(message) {
+                    self.set_fatal(error);
+                }
             }
             Err(ProtocolError::Closed) => {
                 self.set_fatal(ConsumerError::ProducerGone { socket: socket() })
@@ -765,8 +838,28 @@ fn send_leave(sock: &UnixStream, consumer_id: u64) {
 /// did not take its share, so it hangs up without `Leave` and the producer tells the other
 /// ranks `GroupBroken`, as when it is killed. At an epoch's end, or after
 /// [`Consumer::close`], a rank leaves cleanly.
+///
+/// Either way the connection is shut down before its descriptor closes, so the producer
+/// sees this consumer go at once even while a process forked by another thread of this one
+/// still holds a copy of the descriptor (until that child's `exec` closes it): a rank
+/// restarted at once is then never refused as "already running" by its own old incarnation.
 impl Drop for Consumer {
     fn drop(&mut self) {
+        self.leave_on_drop();
+        let sock = self.sock.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = sock.shutdown(std::net::Shutdown::Both) {
+            tracing::debug!(
+                consumer_id = self.consumer_id,
+                "shutting the connection down: {e}"
+            );
+        }
+    }
+}
+
+impl Consumer {
+    /// What dropping says before it hangs up: `Leave`, unless closed already or a rank in
+    /// the middle of an epoch.
+    fn leave_on_drop(&mut self) {
         if *self.closed.get_mut() {
             return;
         }

@@ -68,6 +68,9 @@ impl Consumer {
                 return Err(self.fail(state, error));
             }
             state.skimming = Skimming::On;
+            // What it still needs, wherever it passes (protocol 16): the feed decodes no
+            // more for it than its epoch lacks.
+            self.declare(state);
         }
         Ok(())
     }
@@ -141,6 +144,11 @@ impl Consumer {
             let Some(index) = self.ring.index_once(&loan, k) else {
                 break;
             };
+            // A hole carries no sample; the index passes again, decoded, while a skimmer
+            // needs it.
+            if flag & FLAG_HOLE != 0 {
+                continue;
+            }
             if state.epochs.deliver(index) {
                 let seq = first + k as u64;
                 span.push(seq, k, &fields, index, flag);
@@ -157,6 +165,10 @@ impl Consumer {
         let torn = seqs.partition_point(|&seq| seq < intact);
         for &index in &span.indices[..torn] {
             state.epochs.undeliver(index);
+        }
+        if torn > 0 {
+            // Wanted again: the feed must decode them where they pass next.
+            self.declare(&mut state);
         }
         if let Some(&first_kept) = seqs.get(torn) {
             owned.append_tail(&span, torn, first_kept, schema);

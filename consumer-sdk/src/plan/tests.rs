@@ -352,3 +352,66 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Elastic resume: a remainder of any size, dealt over any new world size, is covered
+    /// exactly (pad: every index, repeats only to even the counts; drop: only the cut is
+    /// missing), every rank gets the same count, and no rank an index twice.
+    #[test]
+    fn a_remainder_is_dealt_over_a_new_world_size_exactly(
+        n in 1u64..300,
+        density in 0.0f64..1.0,
+        seed in any::<u64>(),
+        world_size in 1u32..7,
+        drop in any::<bool>(),
+    ) {
+        prop_assume!(u64::from(world_size) <= n);
+        let even = if drop { Even::Drop } else { Even::Pad };
+        let mut remainder = Bitmap::new(n);
+        let mut state = seed;
+        for i in 0..n {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            if ((state >> 33) as f64 / (1u64 << 31) as f64) < density {
+                remainder.set(i);
+            }
+        }
+        let m = remainder.count();
+        let w = u64::from(world_size);
+        let per = if drop { m / w } else { m.div_ceil(w) };
+        let mut seen: Vec<u64> = Vec::new();
+        for rank in 0..world_size {
+            let plan = EpochPlan::for_rank_of_remainder(n, &spec("job", rank, world_size, even), 4, &remainder).unwrap();
+            let wanted = plan.wanted().unwrap();
+            prop_assert!(wanted.iter_ones().all(|i| remainder.get(i)), "an index outside the remainder");
+            // A rank's share is a set: its count is what it delivers, without repeats.
+            prop_assert!(wanted.count() == per || (!drop && m < w && wanted.count() == 1.min(m)),
+                "rank {rank}: {} of {per}", wanted.count());
+            seen.extend(wanted.iter_ones());
+        }
+        let distinct: BTreeSet<u64> = seen.iter().copied().collect();
+        if drop {
+            prop_assert_eq!(distinct.len() as u64, per * w, "drop: the ranks' shares are disjoint");
+            prop_assert_eq!(seen.len() as u64, per * w);
+        } else {
+            prop_assert_eq!(distinct.len() as u64, m, "pad: the remainder is covered");
+            prop_assert!(seen.len() as u64 <= per * w);
+        }
+        // The same on every rank's machine: the deal is a function of its inputs.
+        let again = EpochPlan::for_rank_of_remainder(n, &spec("job", 0, world_size, even), 4, &remainder).unwrap();
+        let first = EpochPlan::for_rank_of_remainder(n, &spec("job", 0, world_size, even), 4, &remainder).unwrap();
+        prop_assert_eq!(again.wanted(), first.wanted());
+    }
+}
+
+#[test]
+fn a_remainder_of_another_length_is_refused() {
+    let err =
+        EpochPlan::for_rank_of_remainder(10, &spec("job", 0, 2, Even::Pad), 0, &Bitmap::new(9))
+            .unwrap_err();
+    assert!(
+        matches!(err, PlanError::LengthMismatch { plan: 10, saved: 9 }),
+        "{err}"
+    );
+}

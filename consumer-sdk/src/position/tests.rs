@@ -22,6 +22,7 @@ fn position(delivered: Bitmap, group: Option<GroupSpec>) -> SavedPosition {
         identity: identity(delivered.len()),
         epoch: 3,
         delivered,
+        wanted: None,
         group,
         batch_size: 256,
         drop_last: true,
@@ -54,9 +55,19 @@ fn random_set(n: u64, p: f64, seed: u64) -> Bitmap {
     set
 }
 
-/// The byte offset of the delivered encoding's tag, and the tag.
+/// The delivered encoding's tag of a position with no wanted set (format 3: its flag byte
+/// follows the payload).
 fn tag_of(bytes: &[u8], payload: u64) -> u8 {
-    bytes[bytes.len() - 8 - payload as usize - 1]
+    assert_eq!(bytes[bytes.len() - 9], 0, "a wanted set");
+    bytes[bytes.len() - 8 - 1 - payload as usize - 1]
+}
+
+/// A format 3 position with no wanted set, rewritten in format 2 (no flag byte).
+fn as_version_2(v3: &[u8]) -> Vec<u8> {
+    assert_eq!(v3[v3.len() - 9], 0, "a wanted set");
+    let mut body = v3[..v3.len() - 9].to_vec();
+    body[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&2u32.to_le_bytes());
+    sealed(body)
 }
 
 #[test]
@@ -82,8 +93,8 @@ fn imagenet_positions_are_small() {
         forty_group.len(),
         full.len()
     );
-    // The fixed fields take 83 bytes, the identity's strings theirs, an empty list's count
-    // 1.
+    // The fixed fields take 84 bytes (83 and format 3's wanted flag), the identity's strings
+    // theirs, an empty list's count 1.
     let id = identity(IMAGENET);
     let strings = [
         id.source,
@@ -95,12 +106,12 @@ fn imagenet_positions_are_small() {
     ]
     .concat()
     .len();
-    assert_eq!(empty.len(), 83 + strings + 1, "{}", empty.len());
-    assert_eq!(full.len(), 83 + strings + 1, "{}", full.len());
+    assert_eq!(empty.len(), 84 + strings + 1, "{}", empty.len());
+    assert_eq!(full.len(), 84 + strings + 1, "{}", full.len());
     assert!(empty.len() - strings < 100);
     let bitmap = IMAGENET.div_ceil(8) as usize;
     // The bitmap, and the same fixed fields and strings.
-    assert_eq!(forty.len(), bitmap + 83 + strings);
+    assert_eq!(forty.len(), bitmap + 84 + strings);
     assert_eq!(tag_of(&forty, IMAGENET.div_ceil(8)), BITMAP);
     for bytes in [empty, full, forty] {
         let back = SavedPosition::decode(&bytes).unwrap();
@@ -202,12 +213,14 @@ fn other_files_and_versions_are_named() {
     assert!(err.to_string().contains("reads 1"), "{err}");
 }
 
-/// A header up to the delivered set's length, for crafted inputs.
+/// A header up to the delivered set's length, for crafted inputs (format 2: nothing follows
+/// the delivered set).
 fn header(n: u64) -> Vec<u8> {
     let mut out = position(Bitmap::new(0), None).encode();
-    // Cut the empty set's length, tag and checksum (no payload: a bitmap of 0 bytes), and
-    // set the identity's length.
-    out.truncate(out.len() - 8 - 1 - 8);
+    // Cut the empty set's length, tag, the wanted flag and the checksum (no payload: a bitmap
+    // of 0 bytes), and set the identity's length.
+    out.truncate(out.len() - 8 - 1 - 1 - 8);
+    out[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&2u32.to_le_bytes());
     let id = identity(0);
     let len_at = 8 + 4 + 4 + id.source.len();
     out[len_at..len_at + 8].copy_from_slice(&n.to_le_bytes());
@@ -469,7 +482,7 @@ proptest! {
 fn crafted(len: u64) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&2u32.to_le_bytes());
     put_str(&mut out, "data");
     out.extend_from_slice(&len.to_le_bytes());
     put_str(&mut out, "classes");
@@ -521,7 +534,7 @@ fn a_version_1_position_still_reads_with_no_data_digests_and_is_checked_by_its_p
     saved.identity.files.clear();
     saved.identity.sizes.clear();
     // Version 1 is version 2 without the two (here empty) strings after the schema.
-    let v2 = saved.encode();
+    let v2 = as_version_2(&saved.encode());
     let id = &saved.identity;
     let after_schema = MAGIC.len()
         + 4
@@ -556,4 +569,131 @@ fn a_version_1_position_still_reads_with_no_data_digests_and_is_checked_by_its_p
         ),
         "{err}"
     );
+}
+
+#[test]
+fn a_version_2_position_still_reads_as_one_without_a_wanted_set() {
+    for bytes in small_positions() {
+        let v2 = as_version_2(&bytes);
+        let read = SavedPosition::decode(&v2).unwrap();
+        assert_eq!(read, SavedPosition::decode(&bytes).unwrap());
+        assert_eq!(read.wanted, None);
+    }
+}
+
+#[test]
+fn a_wanted_set_travels_in_format_3_and_one_delivered_outside_it_is_refused() {
+    let n = 1000;
+    let wanted = random_set(n, 0.3, 11);
+    let mut delivered = Bitmap::new(n);
+    for i in wanted.iter_ones().take(40) {
+        delivered.set(i);
+    }
+    let mut saved = position(delivered, Some(group()));
+    saved.wanted = Some(wanted.clone());
+    let bytes = saved.encode();
+    assert_eq!(SavedPosition::decode(&bytes).unwrap(), saved);
+    // Every truncation and changed byte is still caught with the second set.
+    for cut in 0..bytes.len() {
+        assert!(
+            SavedPosition::decode(&bytes[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
+    // A delivered index the wanted set lacks is a corrupt position, even re-checksummed.
+    let stray = (0..n).find(|&i| !wanted.get(i)).unwrap();
+    saved.delivered.set(stray);
+    assert!(matches!(
+        SavedPosition::decode(&saved.encode()),
+        Err(PositionError::BadGroup(PlanError::NotWanted { index })) if index == stray
+    ));
+    // A bad flag is named.
+    let mut body = position(Bitmap::new(10), None).encode();
+    body.truncate(body.len() - 8);
+    *body.last_mut().unwrap() = 7;
+    assert!(matches!(
+        SavedPosition::decode(&sealed(body)),
+        Err(PositionError::BadTag {
+            field: "wanted flag",
+            value: 7
+        })
+    ));
+}
+
+fn rank_position(rank: u32, world_size: u32, delivered: Bitmap) -> SavedPosition {
+    let mut p = position(
+        delivered,
+        Some(GroupSpec {
+            rank,
+            world_size,
+            ..group()
+        }),
+    );
+    p.epoch = 5;
+    p
+}
+
+#[test]
+fn a_groups_state_needs_every_rank_once_of_one_epoch_and_group() {
+    let n = 100;
+    let ranks: Vec<SavedPosition> = (0..3)
+        .map(|r| rank_position(r, 3, Bitmap::new(n)))
+        .collect();
+    let (epoch, spec) = group_state(&ranks).unwrap();
+    assert_eq!((epoch, spec.world_size), (5, 3));
+    assert!(
+        group_state(&ranks[..2])
+            .unwrap_err()
+            .contains("lacks rank 2 of 3")
+    );
+    let twice = [ranks[0].clone(), ranks[0].clone(), ranks[1].clone()];
+    let e = group_state(&twice).unwrap_err();
+    assert!(e.contains("lacks rank 2") || e.contains("twice"), "{e}");
+    let mut later = ranks.clone();
+    later[1].epoch = 6;
+    assert!(
+        group_state(&later)
+            .unwrap_err()
+            .contains("mixes epochs 5 and 6")
+    );
+    let mut other = ranks.clone();
+    other[2].group.as_mut().unwrap().name = "other".into();
+    assert!(group_state(&other).unwrap_err().contains("mixes groups"));
+    assert!(group_state(&[]).unwrap_err().contains("empty"));
+}
+
+#[test]
+fn a_groups_remainder_is_what_its_ranks_wanted_and_none_delivered() {
+    let n = 103;
+    let spec = |rank| GroupSpec {
+        rank,
+        world_size: 3,
+        ..group()
+    };
+    // Each rank delivered the first half of its share.
+    let ranks: Vec<SavedPosition> = (0..3)
+        .map(|r| {
+            let share = crate::plan::deal(n, &spec(r), 5).unwrap();
+            let mut delivered = Bitmap::new(n);
+            for &i in &share[..share.len() / 2] {
+                delivered.set(i);
+            }
+            rank_position(r, 3, delivered)
+        })
+        .collect();
+    let left = remainder(n, &ranks, 5).unwrap();
+    let mut expected = Bitmap::new(n);
+    for r in 0..3 {
+        let share = crate::plan::deal(n, &spec(r), 5).unwrap();
+        for &i in &share[share.len() / 2..] {
+            expected.set(i);
+        }
+    }
+    for p in &ranks {
+        for i in p.delivered.iter_ones() {
+            expected.clear(i);
+        }
+    }
+    assert_eq!(left, expected);
+    assert!(left.count() > 0 && left.count() < n);
 }

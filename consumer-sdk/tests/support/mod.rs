@@ -341,6 +341,9 @@ fn serve_letting_go(sock: &UnixStream, len: u64, shared: &Shared) {
                 protocol::send(sock, &ServerMessage::Rejoined { start_seq: start }, &[]).unwrap();
             }
             Ok(Some(ClientMessage::Leave)) => shared.saw_leave.store(true, Ordering::SeqCst),
+            // What a gathered epoch still needs (protocol 13): this producer decodes every
+            // position anyway, which a consumer must take (a declaration only saves decodes).
+            Ok(Some(ClientMessage::Needs(frame))) => declared(sock, &frame),
             Ok(Some(other)) => panic!("unexpected {other:?}"),
             Err(_) => {
                 shared.saw_eof.store(true, Ordering::SeqCst);
@@ -414,12 +417,24 @@ fn hold(sock: &UnixStream, shared: &Shared) {
     }
 }
 
+/// Answers a declaration's last frame (protocol 14); this producer skips nothing.
+fn declared(sock: &UnixStream, frame: &protocol::NeedsFrame) {
+    let words = frame.words.len() as u64 / 16;
+    if frame.offset + words >= frame.len.div_ceil(64) {
+        let _ = protocol::send(sock, &ServerMessage::Declared { id: frame.id }, &[]);
+    }
+}
+
 /// Whether the consumer has left (Leave or EOF).
 fn watch(sock: &UnixStream, shared: &Shared) -> bool {
     match protocol::poll::<ClientMessage>(sock) {
         Ok(None) => false,
         Ok(Some(ClientMessage::Leave)) => {
             shared.saw_leave.store(true, Ordering::SeqCst);
+            false
+        }
+        Ok(Some(ClientMessage::Needs(frame))) => {
+            declared(sock, &frame);
             false
         }
         Ok(Some(other)) => panic!("unexpected {other:?}"),

@@ -306,6 +306,22 @@ impl Dataset for ImageFolder {
         }
     }
 
+    fn stamp(&self, index: u64) -> Result<Option<crate::cache::Stamp>, SampleError> {
+        use std::os::unix::fs::MetadataExt;
+        let path = &self.files[check_index(index, self.files.len())?].0;
+        let meta = std::fs::metadata(path).map_err(|source| SampleError::Io {
+            location: crate::names::escape_path(path),
+            source,
+        })?;
+        Ok(Some(crate::cache::Stamp {
+            size: meta.len(),
+            mtime_ns: meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec()),
+        }))
+    }
+
     fn read<'a>(
         &'a self,
         index: u64,

@@ -23,6 +23,9 @@ fn rows() -> Rows {
             cpu_cores: 1.5,
             dataset_len: 1000,
             threads: 4,
+            cache_hits: 900,
+            cache_misses: 100,
+            cache_fills: 100,
         }],
         consumers: vec![ConsumerRow {
             time: 1.0,
@@ -175,6 +178,9 @@ fn every_row_becomes_named_labelled_series_with_units_in_their_names() {
         ("ladle_feed_producer_cpu_seconds_total", &feed, 4.25),
         ("ladle_feed_dataset_samples", &feed, 1000.0),
         ("ladle_feed_decode_threads", &feed, 4.0),
+        ("ladle_feed_cache_hits_total", &feed, 900.0),
+        ("ladle_feed_cache_misses_total", &feed, 100.0),
+        ("ladle_feed_cache_fills_total", &feed, 100.0),
         (
             "ladle_consumer_lag_samples",
             &[("feed", "cifar"), ("consumer_id", "7")],

@@ -69,6 +69,7 @@ from ._native import (
     ProducerGone,
     TooManyBatchesHeld,
 )
+from ._feeds import Feed, feed, feed_stats
 from ._producer import Producer, serve
 from ._torch import IMAGENET, to_torch
 
@@ -86,6 +87,7 @@ __all__ = [
     "Consumer",
     "Detached",
     "Epoch",
+    "Feed",
     "GroupBroken",
     "GroupIncomplete",
     "LadleError",
@@ -93,6 +95,8 @@ __all__ = [
     "Producer",
     "ProducerGone",
     "TooManyBatchesHeld",
+    "feed",
+    "feed_stats",
     "serve",
     "to_torch",
 ]

@@ -1,6 +1,7 @@
 """Type stubs for ``ladle._native``, the PyO3 module inside the ``ladle`` package."""
 
 from os import PathLike
+from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence, TypedDict
 
 import torch
@@ -153,16 +154,34 @@ class Consumer:
     empty. ``name=None`` means ``$LADLE_RUN`` when set, else ``consumer-<pid>``.
 
     ``group="job"`` makes the consumer rank ``rank`` of the ``world_size`` ranks of a DDP
-    job (both default to ``$RANK`` and ``$WORLD_SIZE``, which torchrun sets): each epoch it
-    reads its share, as ``DistributedSampler(shuffle=True)`` deals it, in copied batches.
-    With ``even="pad"`` every rank gets ``ceil(N / world_size)`` samples, together the whole
-    epoch plus a few repeats; with ``even="drop"`` ``floor(N / world_size)``, disjoint.
-    Connecting returns once every rank has joined (the GIL is released, Ctrl-C honoured), or
-    raises :class:`GroupIncomplete` naming the missing ranks after ``group_timeout``
-    seconds. If a rank dies, the others raise :class:`GroupBroken` at their next batch.
+    job (both default to ``$RANK`` and ``$WORLD_SIZE``, which torchrun sets, else Slurm's
+    ``$SLURM_PROCID`` and ``$SLURM_NTASKS``): each epoch it reads its share, as
+    ``DistributedSampler(shuffle=True)`` deals it, in copied batches. With ``even="pad"``
+    every rank gets ``ceil(N / world_size)`` samples, together the whole epoch plus a few
+    repeats; with ``even="drop"`` ``floor(N / world_size)``, disjoint. On several nodes each
+    node's feed serves that node's ranks and decodes only their shares:
+    ``local_world_size`` (default ``$LOCAL_WORLD_SIZE``, which torchrun sets, else Slurm's
+    tasks on this node, else ``world_size``) says how many that is, and is read from the
+    environment even when ``rank`` and ``world_size`` are passed. Connecting returns once
+    this node's ranks have joined (the GIL is released, Ctrl-C honoured), or raises
+    :class:`GroupIncomplete` naming the missing ranks (on several nodes: the ranks that came)
+    after ``group_timeout`` seconds. A rank more than ``local_world_size``, ranks that
+    disagree on the sizes and a rank given twice on one node fail at once. If a rank dies,
+    the others of its node raise :class:`GroupBroken` at their next batch.
 
     ``state=consumer.state_dict()`` (of an earlier process) resumes where that consumer
     stood, as :meth:`load_state_dict` does, right after connecting.
+
+    ``dataset=PATH`` (with ``image_size``, ``transform``, ``eval`` and ``seed``: the feed's
+    identity, ``ladle serve``'s defaults) joins this user's live feed of that identity on
+    this node, or starts one (``ladle serve --registry``, a process of its own that stops
+    ``idle_timeout`` seconds after its last consumer left, ``orphan_timeout`` after its start
+    if none came; ``ring_mib`` and ``threads`` if this call starts it). With a socket too (or
+    ``$LADLE_SOCKET``), it joins that socket if it serves that identity, else raises
+    :class:`ConnectError` naming the difference.
+
+    Leaving a ``with`` block closes the consumer, except a rank of a group leaving by an
+    exception, which breaks its group instead.
     """
 
     def __init__(
@@ -178,8 +197,18 @@ class Consumer:
         rank: int | None = None,
         world_size: int | None = None,
         even: Literal["pad", "drop"] = "pad",
+        local_world_size: int | None = None,
         group_timeout: float = 600.0,
-        state: _ConsumerState | bytes | bytearray | None = None,
+        state: _ConsumerState | bytes | bytearray | list[_ConsumerState] | None = None,
+        dataset: str | PathLike[str] | None = None,
+        image_size: int = 224,
+        transform: str | None = None,
+        eval: bool = False,
+        seed: int = 0,
+        idle_timeout: float = 30.0,
+        orphan_timeout: float = 60.0,
+        ring_mib: int | None = None,
+        threads: int | None = None,
     ) -> None: ...
     def __iter__(self) -> Epoch: ...
     def __len__(self) -> int:
@@ -189,12 +218,20 @@ class Consumer:
         """Where this consumer stands, to resume after a restart: the epoch in progress and
         the indices it delivered (every batch handed out), or the next epoch when the current
         one is complete. A plain dict: pickle it or ``torch.save`` it with the checkpoint."""
-    def load_state_dict(self, state: _ConsumerState | bytes | bytearray) -> None:
+    def load_state_dict(
+        self,
+        state: _ConsumerState | bytes | bytearray | list[_ConsumerState] | tuple[_ConsumerState, ...],
+    ) -> None:
         """Resumes from a :meth:`state_dict` (the dict or its ``ladle_position`` bytes): the
         next epoch is the saved one and delivers exactly the samples it had not delivered
-        (of this rank's share), then whole epochs follow. Only before the first epoch begins
-        (else RuntimeError); a corrupt state, or one of another feed (dataset, seed,
-        transform, ...), group or rank raises ValueError naming the difference."""
+        (of this rank's share), then whole epochs follow. A rank of a group may be given the
+        states of **every** rank (a list, as rank 0 gathers them for a checkpoint): saved
+        with another world size (a job requeued on fewer nodes, torchrun elastic), the
+        samples the saved epoch had not delivered are dealt over this group's ranks, each
+        once (plus ``pad``'s repeats), and later epochs are the new world size's. Only before
+        the first epoch begins (else RuntimeError); a corrupt state, one of another feed
+        (dataset, seed, transform, ...), group or rank, or a group's states with a rank
+        missing or of different epochs raise ValueError naming the difference."""
     def close(self) -> None:
         """Leaves the feed now, as done: a rank's group is not broken by it, whatever its
         epoch. A consumer only dropped (garbage-collected, or at exit) leaves too, except a
@@ -296,3 +333,50 @@ class _Producer:
     def stop(self) -> None: ...
     def join(self) -> tuple[int, int, int]: ...
     def stats(self) -> dict[str, int]: ...
+
+class FeedHandle:
+    """A driver's hold on a feed (made by :func:`open_feed`): the feed does not stop while
+    held."""
+
+    @property
+    def entry(self) -> str:
+        """The feed's registry entry, as JSON."""
+    @property
+    def started(self) -> bool:
+        """Whether this handle started the feed."""
+    def release(self) -> None:
+        """Lets go of the hold (idempotent)."""
+    def stop(self) -> bool:
+        """Asks the feed to stop now (SIGTERM); False if it was gone."""
+    def alive(self) -> bool:
+        """Whether the feed's process still runs."""
+
+def open_feed(
+    dataset: str | PathLike[str],
+    *,
+    image_size: int,
+    transform: str | None,
+    eval: bool,
+    seed: int,
+    idle_timeout: float,
+    orphan_timeout: float,
+    ring_mib: int | None,
+    threads: int | None,
+) -> FeedHandle:
+    """Finds the live feed of this identity, or starts it, and holds it."""
+
+def find_feed(
+    dataset: str | PathLike[str],
+    *,
+    image_size: int,
+    transform: str | None,
+    eval: bool,
+    seed: int,
+) -> str:
+    """The live feed's entry (JSON); LookupError if none runs. Never starts one."""
+
+def feed_stats(socket: str | PathLike[str], timeout: float = 10.0) -> str:
+    """The ``Stats`` answer of the feed on ``socket``, as JSON."""
+
+def registry_dir() -> Path:
+    """The directory of this user's registry of live feeds on this node."""

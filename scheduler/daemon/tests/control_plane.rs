@@ -229,6 +229,7 @@ fn every_answer_of_a_daemon_holding_5000_finished_jobs_with_long_commands_fits_i
             transform: String::new(),
             threads: 0,
             pid: std::process::id(),
+            ring_bytes: u64::MAX,
         };
         let answer = decoded(&daemon.raw(&Request::RegisterFeed(feed)));
         assert!(

@@ -41,6 +41,10 @@ pub struct JobSpec {
     /// free. A consumer of a feed states none: its decoding is the feed's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u32>,
+    /// Host memory the job needs, MiB (`--host-mem`): it is held while live feeds' rings,
+    /// the decoded-sample cache's budget and running jobs' host memory leave less free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_mem_mib: Option<u64>,
     /// The family whose measured peak this job shares (`--family`); without it, the
     /// command up to its arguments' values (`ladle_scheduler_core::estimate::family_key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,6 +65,7 @@ impl JobSpec {
             env: Vec::new(),
             whole_env: false,
             cpus: None,
+            host_mem_mib: None,
             family: None,
         }
     }

@@ -63,7 +63,7 @@ use crate::job::{Basis, JobId, JobSpec, JobState};
 use crate::units::MAX_MIB;
 
 /// Protocol version; a request with another is refused.
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 
 /// The most a submitted job's environment may hold, bytes (names, values and a separator and
 /// terminator each): 128 KiB, about Linux's own limit on one variable and far above a
@@ -133,6 +133,37 @@ pub struct FeedSpec {
     pub threads: u32,
     /// The process serving it: the feed lives as long as that process.
     pub pid: u32,
+    /// Bytes of shared memory its ring holds (host memory admission counts them).
+    #[serde(default)]
+    pub ring_bytes: u64,
+}
+
+/// Host memory as admission counts it, MiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMem {
+    /// What admission shares (`ladle scheduler --host-mem`, default 90% of this machine's or
+    /// its cgroup's limit).
+    pub total_mib: u64,
+    /// Live feeds' rings.
+    pub rings_mib: u64,
+    /// The decoded-sample cache's budget, while its keeper runs.
+    pub cache_mib: u64,
+    /// Running jobs that state `host_mem_mib`.
+    pub jobs_mib: u64,
+}
+
+impl HostMem {
+    /// What rings, the cache and jobs take together.
+    pub fn busy_mib(&self) -> u64 {
+        self.rings_mib
+            .saturating_add(self.cache_mib)
+            .saturating_add(self.jobs_mib)
+    }
+
+    /// What is left.
+    pub fn free_mib(&self) -> u64 {
+        self.total_mib.saturating_sub(self.busy_mib())
+    }
 }
 
 /// Longest feed name.
@@ -453,6 +484,9 @@ pub enum Response {
         /// Of them, taken by live feeds' decode threads and running jobs that state `cpus`.
         #[serde(default)]
         cpus_busy: u32,
+        /// Host memory admission shares, MiB, and what takes it now.
+        #[serde(default)]
+        host_mem: HostMem,
         /// Live feeds left out for lack of room.
         #[serde(default)]
         omitted: u32,

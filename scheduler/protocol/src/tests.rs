@@ -127,6 +127,7 @@ fn environment_variables_no_process_can_take_are_refused() {
             env: vec![(name.into(), value.into())],
             whole_env: true,
             cpus: None,
+            host_mem_mib: None,
             family: None,
         })
     };

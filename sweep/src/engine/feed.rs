@@ -57,6 +57,7 @@ pub(super) fn open_feed(
                 transform,
                 threads,
                 pid: std::process::id(),
+                ring_bytes: producer.layout().file_len(),
             }),
             &format!("registering the feed {feed_name:?}"),
         )?;

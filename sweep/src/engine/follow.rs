@@ -49,6 +49,7 @@ pub(super) fn submit_runs(
             env,
             whole_env: true,
             cpus: None,
+            host_mem_mib: None,
             family: shape.family.cloned(),
         };
         let id = match scheduler.request(

@@ -389,11 +389,12 @@ impl Daemon {
 
     /// The live feeds, as many as fit.
     pub(super) fn feeds(&mut self) -> Response {
-        let (cpu_cores, cpus_busy) = (self.cpu_cores, self.cpus_busy());
+        let (cpu_cores, cpus_busy, host_mem) = (self.cpu_cores, self.cpus_busy(), self.host_mem());
         let mut room = Room::after(&Response::Feeds {
             feeds: Vec::new(),
             cpu_cores,
             cpus_busy,
+            host_mem,
             omitted: u32::MAX,
         });
         let (mut feeds, mut omitted) = (Vec::new(), 0u32);
@@ -408,6 +409,7 @@ impl Daemon {
             feeds,
             cpu_cores,
             cpus_busy,
+            host_mem,
             omitted,
         }
     }

@@ -88,6 +88,10 @@ pub struct DaemonConfig {
     /// CPU cores the admission shares between registered feeds' decode threads and jobs that
     /// state `cpus` (default: this machine's).
     pub cpu_cores: u32,
+    /// Host memory the admission shares between live feeds' rings, the decoded-sample
+    /// cache's budget and jobs that state `host_mem_mib`, MiB (default: 90% of this
+    /// machine's memory, or of its cgroup's limit).
+    pub host_mem_mib: u64,
     /// What simulated GPUs show beside the daemon's jobs (other users' processes, failing
     /// queries, a compute mode): the real-GPU paths, testable without a GPU.
     pub sim_scenario: Option<SimScenario>,
@@ -116,6 +120,7 @@ impl DaemonConfig {
             tick: Duration::from_secs(1),
             cpu_cores: std::thread::available_parallelism()
                 .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)),
+            host_mem_mib: ladle_os::mem::total().map_or(u64::MAX, |b| (b / 10 * 9) >> 20),
             sim_scenario: None,
             dcgm: DcgmMode::Auto,
             retention: Retention::default(),

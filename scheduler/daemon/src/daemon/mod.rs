@@ -198,6 +198,9 @@ struct Daemon {
     clock: Instant,
     /// CPU cores shared by feeds and jobs that state `cpus`.
     cpu_cores: u32,
+    /// Host memory shared by feeds' rings, the decoded-sample cache and jobs that state
+    /// `host_mem_mib`, MiB.
+    host_mem_mib: u64,
     /// Registered producer feeds by name; not journaled (a feed re-registers when it
     /// starts, and lives as long as its process).
     feeds: BTreeMap<String, Feed>,
@@ -423,6 +426,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonErro
         default_estimate_mib: config.default_estimate_mib,
         max_oom_retries: config.max_oom_retries,
         cpu_cores: config.cpu_cores,
+        host_mem_mib: config.host_mem_mib,
         feeds: BTreeMap::new(),
         mps_env: mps.as_ref().map(Mps::env).unwrap_or_default(),
         clock: Instant::now(),

@@ -30,12 +30,16 @@ use tokio::sync::oneshot;
 use crate::job::{JobId, JobSpec};
 use crate::journal::Record;
 use crate::protocol::{
-    self, FeedSpec, MAX_CANCEL_GRACE_S, MAX_FRAME, MAX_MESSAGE, Request, Response,
+    self, FeedSpec, HostMem, MAX_CANCEL_GRACE_S, MAX_FRAME, MAX_MESSAGE, Request, Response,
 };
 use crate::sys;
 
 use super::state::Stage;
 use super::{CANCEL_GRACE, Daemon, DaemonError, Feed, Shared, now_unix};
+
+/// The name prefix of feeds the scheduler finds in the user's registry of feeds started on
+/// demand (`ladle_feeds`).
+const AUTO_FEED: &str = "auto-";
 
 /// Most connections served at once; more are refused with a reason.
 pub const MAX_CONNECTIONS: usize = 128;
@@ -326,8 +330,56 @@ impl Daemon {
             .fold(feed_threads, u32::saturating_add)
     }
 
-    /// The feeds whose serving process is still the one that registered.
+    /// Host memory as admission counts it: live feeds' rings, the decoded-sample cache's
+    /// budget while its keeper runs (its entry in the feeds' registry), running jobs that
+    /// state `host_mem_mib`.
+    pub(super) fn host_mem(&mut self) -> HostMem {
+        let rings_mib = self
+            .live_feeds()
+            .map(|f| f.spec.ring_bytes.div_ceil(1 << 20))
+            .fold(0, u64::saturating_add);
+        let jobs_mib = self
+            .jobs
+            .running()
+            .filter_map(|(j, _)| j.spec.host_mem_mib)
+            .fold(0, u64::saturating_add);
+        HostMem {
+            total_mib: self.host_mem_mib,
+            rings_mib,
+            cache_mib: cache_budget_mib(),
+            jobs_mib,
+        }
+    }
+
+    /// The feeds whose serving process is still the one that registered, and those of the
+    /// user's registry of feeds started on demand (named `auto-` and their key's first 8
+    /// digits: `ladle submit --feed auto-…` gives a job one's socket): the registry is their
+    /// one source of truth, read again at each look.
     pub(super) fn live_feeds(&mut self) -> impl Iterator<Item = &Feed> {
+        match ladle_feeds::Registry::existing() {
+            Ok(Some(registry)) => {
+                self.feeds.retain(|name, _| !name.starts_with(AUTO_FEED));
+                for entry in registry.live() {
+                    let name = format!("{AUTO_FEED}{}", &entry.key.0[..8.min(entry.key.0.len())]);
+                    let spec = FeedSpec {
+                        name: name.clone(),
+                        socket: entry.socket,
+                        dataset: entry.request.dataset.display().to_string(),
+                        transform: format!(
+                            "{} seed {}",
+                            entry.request.transform, entry.request.seed
+                        ),
+                        threads: entry.threads,
+                        pid: entry.pid,
+                        ring_bytes: entry.ring_bytes,
+                    };
+                    let started = entry.start_ticks;
+                    self.feeds.insert(name, Feed { spec, started });
+                }
+            }
+            Ok(None) => self.feeds.retain(|name, _| !name.starts_with(AUTO_FEED)),
+            Err(e) => tracing::debug!("the feed registry cannot be read: {e}"),
+        }
         self.feeds.retain(|_, f| {
             let alive = sys::start_ticks(f.spec.pid) == Some(f.started);
             if !alive {
@@ -339,6 +391,14 @@ impl Daemon {
     }
 
     fn register_feed(&mut self, spec: FeedSpec) -> Response {
+        if spec.name.starts_with(AUTO_FEED) {
+            return Response::Error {
+                message: format!(
+                    "feed {:?}: names starting with {AUTO_FEED:?} are the registry's (feeds started on demand)",
+                    spec.name
+                ),
+            };
+        }
         let Some(started) = sys::start_ticks(spec.pid) else {
             return Response::Error {
                 message: format!("feed {:?}: no process {} serves it", spec.name, spec.pid),
@@ -398,6 +458,16 @@ impl Daemon {
                 message: format!(
                     "the job states {cpus} CPU cores; this scheduler shares 1 to {}",
                     self.cpu_cores
+                ),
+            };
+        }
+        if let Some(mib) = spec.host_mem_mib
+            && (mib == 0 || mib > self.host_mem_mib)
+        {
+            return Response::Error {
+                message: format!(
+                    "the job states {mib} MiB of host memory; this scheduler shares 1 to {} MiB",
+                    self.host_mem_mib
                 ),
             };
         }
@@ -480,5 +550,21 @@ impl Daemon {
                 message: format!("job {id} has already ended ({state:?})"),
             },
         }
+    }
+}
+
+/// The decoded-sample cache's budget, MiB, while its keeper runs in this user's feeds
+/// registry (0 otherwise): the keeper may hold up to that much between feeds.
+fn cache_budget_mib() -> u64 {
+    let Ok(Some(registry)) = ladle_feeds::Registry::existing() else {
+        return 0;
+    };
+    let files = ladle_cache::KeeperFiles::in_dir(registry.dir());
+    if !files.keeper_lives().unwrap_or(false) {
+        return 0;
+    }
+    match ladle_cache::KeeperEntry::read(&files.entry) {
+        Ok(Some(entry)) => entry.budget.div_ceil(1 << 20),
+        _ => 0,
     }
 }

@@ -307,18 +307,23 @@ impl Daemon {
         // Data-aware: feeds' decode threads and jobs that decode for themselves share the
         // cores; a consumer of a feed costs none.
         let mut free_cpus = self.cpu_cores.saturating_sub(self.cpus_busy());
+        // Host memory likewise: feeds' rings, the cache's budget and jobs that state theirs.
+        let mut free_mem = self.host_mem().free_mib();
         let pending: Vec<Pending> = self
             .jobs
             .queue
             .iter()
             .filter_map(|id| self.jobs.jobs.get(id))
-            .filter(|j| match j.spec.cpus {
-                None => true,
-                Some(n) if n <= free_cpus => {
-                    free_cpus -= n;
-                    true
+            .filter(|j| {
+                let cpus = j.spec.cpus.unwrap_or(0);
+                let mem = j.spec.host_mem_mib.unwrap_or(0);
+                // Held until cores and memory free up.
+                let fits = cpus <= free_cpus && mem <= free_mem;
+                if fits {
+                    free_cpus -= cpus;
+                    free_mem -= mem;
                 }
-                Some(_) => false, // held until cores free up
+                fits
             })
             .map(|j| {
                 let estimate = self.jobs.current_estimate(j, self.default_estimate_mib);

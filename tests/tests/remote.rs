@@ -1,0 +1,507 @@
+//! Datasets given by URL (`--dataset http://…/shard-{000..003}.tar`) against a real web
+//! server (nginx from Debian's packages, started here on a free port; its own access log
+//! counts the GETs) and a proxy in front of it that fails on purpose: exact epochs, one
+//! fetch per shard per node however many feeds ask, transient failures retried, a missing
+//! shard an error naming its URL.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ladle_os::Proc;
+use ladle_tests::{Fixture, wait_for_listener, wait_until};
+
+const GUARD: Duration = Duration::from_secs(120);
+
+/// nginx serving `root` on a free port of 127.0.0.1, logging each request to `access.log`.
+struct Nginx {
+    port: u16,
+    log: PathBuf,
+    _proc: Proc,
+}
+
+fn nginx_bin() -> Option<PathBuf> {
+    ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// nginx, or `None` (the test says it skips) where it is not installed and the run does not
+/// require it (`scripts/check` installs it and sets `LADLE_REQUIRE_NGINX`).
+fn nginx(fx: &Fixture, root: &Path) -> Option<Nginx> {
+    let Some(bin) = nginx_bin() else {
+        assert!(
+            std::env::var_os("LADLE_REQUIRE_NGINX").is_none(),
+            "nginx is required (LADLE_REQUIRE_NGINX) but not installed"
+        );
+        eprintln!("skipped: nginx is not installed (apt-get install nginx-light)");
+        return None;
+    };
+    let prefix = fx.path().join("nginx");
+    std::fs::create_dir_all(prefix.join("tmp")).unwrap();
+    let port = free_port();
+    let log = prefix.join("access.log");
+    let root_user = if ladle_os::process::my_uid() == 0 {
+        "user root;"
+    } else {
+        ""
+    };
+    let conf = format!(
+        "{root_user}\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{\n access_log {log};\n client_body_temp_path {p}/tmp;\n proxy_temp_path {p}/tmp;\n\
+         fastcgi_temp_path {p}/tmp;\n uwsgi_temp_path {p}/tmp;\n scgi_temp_path {p}/tmp;\n\
+         server {{ listen 127.0.0.1:{port}; root {root}; }}\n}}\n",
+        p = prefix.display(),
+        log = log.display(),
+        root = root.display(),
+    );
+    std::fs::write(prefix.join("nginx.conf"), conf).unwrap();
+    let proc = Proc::spawn(
+        "nginx",
+        std::process::Command::new(bin)
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(prefix.join("nginx.conf"))
+            .args(["-g", "daemon off;"]),
+    )
+    .unwrap();
+    wait_until("nginx listening", GUARD, || {
+        TcpStream::connect(("127.0.0.1", port))
+            .map(|_| Some(()))
+            .map_err(|e| e.to_string())
+    });
+    Some(Nginx {
+        port,
+        log,
+        _proc: proc,
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Nginx {
+    /// GETs of each path that nginx answered, from its own access log.
+    fn gets(&self) -> std::collections::BTreeMap<String, usize> {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut gets = std::collections::BTreeMap::new();
+        for line in log.lines() {
+            if let Some(path) = line
+                .split("\"GET ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+            {
+                *gets.entry(path.to_owned()).or_insert(0) += 1;
+            }
+        }
+        gets
+    }
+}
+
+/// Four WebDataset shards of 25 samples in `fx`'s `www/d`.
+fn shards(fx: &mut Fixture) -> PathBuf {
+    let www = fx.path().join("www");
+    let out = www.join("d");
+    let done = fx.run(
+        &[
+            "dataset",
+            "generate",
+            "--format",
+            "wds",
+            "--count",
+            "100",
+            "--shard-size",
+            "25",
+            "--width",
+            "48",
+            "--height",
+            "40",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    www
+}
+
+/// Starts `ladle serve` of `url` on `name`.sock; returns its index and socket.
+fn serve(fx: &mut Fixture, url: &str, name: &str, extra: &[&str]) -> (usize, PathBuf) {
+    let socket = fx.path().join(format!("{name}.sock"));
+    let cache = fx.path().join("shards");
+    let args = [
+        &[
+            "serve",
+            "--dataset",
+            url,
+            "--socket",
+            socket.to_str().unwrap(),
+        ][..],
+        &[
+            "--shard-cache",
+            cache.to_str().unwrap(),
+            "--image-size",
+            "32",
+        ],
+        &["--ring-mib", "4", "--threads", "2"],
+        extra,
+    ]
+    .concat();
+    let i = fx.spawn(&args);
+    (i, socket)
+}
+
+fn consume(fx: &mut Fixture, socket: &Path, epochs: u32) {
+    let done = fx.run(
+        &[
+            "consume",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--batch-size",
+            "10",
+            "--epochs",
+            &epochs.to_string(),
+            "--json",
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    done.assert_exact(epochs as usize, "a consumer of shards fetched over HTTP");
+}
+
+#[test]
+fn shards_over_http_serve_exact_epochs_and_each_is_fetched_once_per_node_for_every_feed() {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    let Some(web) = nginx(&fx, &www) else { return };
+    let url = format!(
+        "http://127.0.0.1:{}/d/shard-{{000000..000003}}.tar",
+        web.port
+    );
+    // Two feeds asking at once (one fetches, the other waits for it), a third later.
+    let (a, sa) = serve(&mut fx, &url, "a", &["--seed", "1"]);
+    let (b, sb) = serve(&mut fx, &url, "b", &["--seed", "2"]);
+    for socket in [&sa, &sb] {
+        wait_for_listener(socket, GUARD, "ladle serve of shards over HTTP");
+        consume(&mut fx, socket, 2);
+    }
+    let (c, sc) = serve(&mut fx, &url, "c", &["--seed", "3"]);
+    wait_for_listener(&sc, GUARD, "a third feed");
+    consume(&mut fx, &sc, 1);
+    let gets = web.gets();
+    assert_eq!(gets.len(), 4, "{gets:?}");
+    assert!(
+        gets.values().all(|&n| n == 1),
+        "a shard fetched twice: {gets:?}"
+    );
+    for i in [a, b, c] {
+        fx.signal(i, 15);
+        let done = fx.wait(i, GUARD);
+        assert!(done.stderr.contains("shards fetched"), "{}", done.stderr);
+    }
+}
+
+#[test]
+fn a_missing_shard_is_an_error_naming_its_url() {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    let Some(web) = nginx(&fx, &www) else { return };
+    let url = format!(
+        "http://127.0.0.1:{}/d/shard-{{000000..000004}}.tar",
+        web.port
+    );
+    let (i, _) = serve(&mut fx, &url, "a", &[]);
+    let done = fx.wait(i, GUARD);
+    assert!(!done.status.success());
+    let missing = format!("http://127.0.0.1:{}/d/shard-000004.tar", web.port);
+    assert!(done.stderr.contains(&missing), "{}", done.stderr);
+    assert!(done.stderr.contains("HTTP 404"), "{}", done.stderr);
+}
+
+/// A proxy in front of `upstream` that answers each shard's first GET with 503, cuts its
+/// second short (the length announced, half the bytes sent), and passes the rest.
+fn flaky_proxy(upstream: u16) -> (u16, Arc<AtomicU32>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        String,
+        u32,
+    >::new()));
+    let counter = requests.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let (seen, counter) = (seen.clone(), counter.clone());
+            std::thread::spawn(move || {
+                let _ = relay(client, upstream, &seen, &counter);
+            });
+        }
+    });
+    (port, requests)
+}
+
+fn relay(
+    mut client: TcpStream,
+    upstream: u16,
+    seen: &std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    counter: &AtomicU32,
+) -> std::io::Result<()> {
+    let mut reader = BufReader::new(client.try_clone()?);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    counter.fetch_add(1, Ordering::SeqCst);
+    let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+    let visit = {
+        let mut seen = seen.lock().unwrap();
+        let n = seen.entry(path).or_insert(0);
+        *n += 1;
+        *n
+    };
+    if visit == 1 {
+        return client.write_all(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+    }
+    let mut server = TcpStream::connect(("127.0.0.1", upstream))?;
+    // One request per upstream connection, so that its answer ends where the stream does.
+    let mut upstream_head: String = head
+        .lines()
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    upstream_head.push_str("Connection: close\r\n\r\n");
+    server.write_all(upstream_head.as_bytes())?;
+    let mut answer = Vec::new();
+    server.read_to_end(&mut answer)?;
+    if visit == 2 {
+        // The headers and half the body: the announced length is not met.
+        let body_at = answer
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(0, |p| p + 4);
+        let cut = body_at + (answer.len() - body_at) / 2;
+        client.write_all(&answer[..cut])?;
+        return Ok(());
+    }
+    client.write_all(&answer)
+}
+
+#[test]
+fn failing_and_cut_responses_are_retried_and_lose_no_sample() {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    let Some(web) = nginx(&fx, &www) else { return };
+    let (port, requests) = flaky_proxy(web.port);
+    let url = format!("http://127.0.0.1:{port}/d/shard-{{000000..000003}}.tar");
+    let (i, socket) = serve(&mut fx, &url, "a", &[]);
+    wait_for_listener(&socket, GUARD, "ladle serve through a flaky proxy");
+    consume(&mut fx, &socket, 2);
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        12,
+        "three GETs per shard: 503, cut, whole"
+    );
+    fx.signal(i, 15);
+    let done = fx.wait(i, GUARD);
+    assert!(done.stderr.contains("4 shards fetched"), "{}", done.stderr);
+    assert!(done.stderr.contains("8 retries"), "{}", done.stderr);
+}
+
+/// A real S3-compatible server: moto's standalone server, from the Python environment
+/// `$LADLE_MOTO_PYTHON` (`scripts/check` makes one with `pip install 'moto[server]'`), on a
+/// free port; `None` (the test says it skips) where there is none and the run does not
+/// require it (`LADLE_REQUIRE_MOTO`).
+struct Moto {
+    port: u16,
+    python: PathBuf,
+    _proc: Proc,
+}
+
+fn moto(fx: &Fixture) -> Option<Moto> {
+    let python = std::env::var_os("LADLE_MOTO_PYTHON")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file());
+    let Some(python) = python else {
+        assert!(
+            std::env::var_os("LADLE_REQUIRE_MOTO").is_none(),
+            "an S3-compatible server is required (LADLE_REQUIRE_MOTO) but LADLE_MOTO_PYTHON names no Python with moto"
+        );
+        eprintln!(
+            "skipped: no S3-compatible server (set LADLE_MOTO_PYTHON to a Python with moto[server])"
+        );
+        return None;
+    };
+    let port = free_port();
+    let log = fx.path().join("moto.log");
+    let proc = Proc::spawn(
+        "moto_server",
+        std::process::Command::new(&python)
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stderr(std::fs::File::create(&log).unwrap()),
+    )
+    .unwrap();
+    wait_until("moto listening", GUARD, || {
+        TcpStream::connect(("127.0.0.1", port))
+            .map(|_| Some(()))
+            .map_err(|e| {
+                format!(
+                    "{e}; its log: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
+    });
+    Some(Moto {
+        port,
+        python,
+        _proc: proc,
+    })
+}
+
+const SECRET: &str = "secret-that-must-never-be-printed";
+
+impl Moto {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+            ("AWS_ACCESS_KEY_ID", "testing-key".into()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// Uploads every file of `dir` to `bucket` under `prefix`, with boto3 (moto's own).
+    fn upload(&self, dir: &Path, bucket: &str, prefix: &str) {
+        let script = [
+            "import boto3, os, sys".to_owned(),
+            format!(
+                "s3 = boto3.client('s3', endpoint_url='http://127.0.0.1:{}', region_name='us-east-1', aws_access_key_id='testing-key', aws_secret_access_key='{SECRET}')",
+                self.port
+            ),
+            format!("s3.create_bucket(Bucket='{bucket}')"),
+            "d = sys.argv[1]".to_owned(),
+            "for f in sorted(os.listdir(d)):".to_owned(),
+            format!("    s3.upload_file(os.path.join(d, f), '{bucket}', '{prefix}' + f)"),
+        ]
+        .join("\n");
+        let out = std::process::Command::new(&self.python)
+            .args(["-c", &script])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn shards_in_an_s3_compatible_store_serve_exact_epochs_listed_by_prefix_and_fetched_once() {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    let Some(store) = moto(&fx) else { return };
+    store.upload(&www.join("d"), "photos", "train/");
+    let cache = fx.path().join("shards");
+    let serve_s3 = |fx: &mut Fixture, name: &str, spec: &str| {
+        let socket = fx.path().join(format!("{name}.sock"));
+        let mut command = std::process::Command::new(ladle_tests::ladle_bin());
+        command
+            .args([
+                "serve",
+                "--dataset",
+                spec,
+                "--socket",
+                socket.to_str().unwrap(),
+            ])
+            .args([
+                "--shard-cache",
+                cache.to_str().unwrap(),
+                "--image-size",
+                "32",
+            ])
+            .args(["--ring-mib", "4", "--threads", "2"])
+            .env("LADLE_REGISTRY_DIR", fx.registry());
+        for (k, v) in store.env() {
+            command.env(k, v);
+        }
+        let i = fx.start(&mut command);
+        (i, socket)
+    };
+    // A prefix, listed: the four shards (and not classes.txt) in key order.
+    let (a, sa) = serve_s3(&mut fx, "a", "s3://photos/train/");
+    wait_for_listener(&sa, GUARD, "ladle serve of an S3 prefix");
+    consume(&mut fx, &sa, 2);
+    // The same objects by braces: another spelling, a folder of its own in the shard cache.
+    let (b, sb) = serve_s3(&mut fx, "b", "s3://photos/train/shard-{000000..000003}.tar");
+    wait_for_listener(&sb, GUARD, "ladle serve of S3 keys by braces");
+    consume(&mut fx, &sb, 1);
+    let (c, sc) = serve_s3(&mut fx, "c", "s3://photos/train/");
+    wait_for_listener(&sc, GUARD, "a second feed of the prefix");
+    consume(&mut fx, &sc, 1);
+    let mut said = Vec::new();
+    for i in [a, b, c] {
+        fx.signal(i, 15);
+        let done = fx.wait(i, GUARD);
+        assert!(
+            !done.stderr.contains(SECRET),
+            "a secret printed: {}",
+            done.stderr
+        );
+        assert!(
+            !done.stderr.contains("X-Amz-Signature"),
+            "a signed URL printed: {}",
+            done.stderr
+        );
+        said.push(done.stderr);
+    }
+    assert!(said[0].contains("4 shards fetched"), "{}", said[0]);
+    assert!(
+        said[2].contains("0 shards fetched") && said[2].contains("4 already"),
+        "{}",
+        said[2]
+    );
+    // A bucket that does not exist: an error naming it, not the signed URL.
+    let (d, _) = serve_s3(&mut fx, "d", "s3://nothing-here/x/");
+    let done = fx.wait(d, GUARD);
+    assert!(!done.status.success());
+    assert!(
+        done.stderr.contains("s3://nothing-here/x/"),
+        "{}",
+        done.stderr
+    );
+    assert!(!done.stderr.contains(SECRET));
+}
