@@ -1,7 +1,11 @@
 //! Fetching shards over HTTP: many at once on a tokio runtime of the fetcher's own thread
 //! (hyper's client), each written to a `.part` file and renamed into place only once whole
 //! (its `Content-Length` checked), retried with backoff on what is transient (5xx, 429, a
-//! reset, a cut or slow body), and a typed error naming the URL for what is not (403, 404).
+//! reset, a cut or slow body), and a typed error naming the URL for what is not (403, 404,
+//! a certificate the system's roots do not trust).
+//!
+//! `https://` is rustls (on ring) trusting the system's root certificates, as curl and the
+//! AWS SDKs do: `SSL_CERT_FILE` and `SSL_CERT_DIR` when set, else the distribution's bundle.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,6 +14,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -69,8 +74,7 @@ pub(crate) fn fetch_all(
         .enable_all()
         .build()
         .map_err(|e| FetchError::Runtime(e.to_string()))?;
-    let client: Client<HttpConnector, Empty<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client = http_client();
     runtime.block_on(async {
         let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
         let mut set = tokio::task::JoinSet::new();
@@ -99,6 +103,54 @@ pub(crate) fn fetch_all(
     })
 }
 
+/// The client of every fetch: plain HTTP, and HTTPS through rustls.
+type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// A client for `http://` and `https://`. With no trusted roots on the machine (a container
+/// without `ca-certificates`), `http://` still works and an `https://` shard fails naming
+/// its URL and the certificate rustls could not verify.
+fn http_client() -> HttpClient {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match builder.with_native_roots() {
+        Ok(builder) => builder,
+        Err(e) => {
+            tracing::warn!(
+                "no trusted root certificates found ({e}): https:// shards will fail; \
+                 install ca-certificates or set SSL_CERT_FILE"
+            );
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
+                rustls::ClientConfig::builder()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            )
+        }
+    };
+    let connector = builder.https_or_http().enable_http1().build();
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// The TLS error under a failed request, if that is what failed: retrying does not cure it.
+fn tls_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        // An io::Error's `source` skips the error it wraps (hyper-rustls wraps tokio-rustls's
+        // io::Error, which wraps rustls's, in another): look inside each.
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            if let Some(found) = tls_error(inner) {
+                return Some(found);
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// What one try found.
 enum Tried {
     Done,
@@ -107,7 +159,7 @@ enum Tried {
 }
 
 async fn fetch_one(
-    client: &Client<HttpConnector, Empty<Bytes>>,
+    client: &HttpClient,
     job: &Job,
     retry: Retry,
     counters: &Counters,
@@ -137,7 +189,7 @@ async fn fetch_one(
 }
 
 async fn try_once(
-    client: &Client<HttpConnector, Empty<Bytes>>,
+    client: &HttpClient,
     job: &Job,
     stall: Duration,
     counters: &Counters,
@@ -146,15 +198,6 @@ async fn try_once(
         url: job.name.clone(),
         why: format!("{e}"),
     })?;
-    if uri.scheme_str() == Some("https") {
-        return Err(FetchError::Url {
-            url: job.name.clone(),
-            why: "https:// needs TLS, which this build does not fetch with yet: serve the shards \
-                  over http://, or reach the S3-compatible store at an http:// endpoint \
-                  (AWS_ENDPOINT_URL)"
-                .into(),
-        });
-    }
     let response = match tokio::time::timeout(stall, client.get(uri)).await {
         Err(_) => {
             return Ok(Tried::Transient(format!(
@@ -162,7 +205,15 @@ async fn try_once(
                 stall.as_secs_f64()
             )));
         }
-        Ok(Err(e)) => return Ok(Tried::Transient(format!("{e}"))),
+        Ok(Err(e)) => {
+            if let Some(why) = tls_error(&e) {
+                return Err(FetchError::Tls {
+                    url: job.name.clone(),
+                    why,
+                });
+            }
+            return Ok(Tried::Transient(describe(&e)));
+        }
         Ok(Ok(response)) => response,
     };
     let status = response.status();
@@ -224,6 +275,19 @@ async fn try_once(
         source,
     })?;
     Ok(Tried::Done)
+}
+
+/// An error and its causes, as one line (hyper's own `Display` says only "client error
+/// (Connect)").
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 /// Where a shard is written until it is whole.

@@ -55,6 +55,17 @@ pub enum FetchError {
         /// The status code.
         status: u16,
     },
+    /// The server's certificate is not one the system's roots vouch for (or TLS failed in
+    /// another way retrying does not cure).
+    #[error(
+        "{url}: TLS failed: {why} (the roots trusted are the system's, or SSL_CERT_FILE / SSL_CERT_DIR)"
+    )]
+    Tls {
+        /// The URL.
+        url: String,
+        /// What rustls said.
+        why: String,
+    },
     /// A transient error went on past every try.
     #[error("{url}: gave up after {tries} tries; the last: {last}")]
     GaveUp {

@@ -22,7 +22,9 @@ const GUARD: Duration = Duration::from_secs(120);
 struct Nginx {
     port: u16,
     log: PathBuf,
-    _proc: Proc,
+    bin: PathBuf,
+    prefix: PathBuf,
+    proc: Option<Proc>,
 }
 
 fn nginx_bin() -> Option<PathBuf> {
@@ -32,9 +34,22 @@ fn nginx_bin() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// How nginx serves, past the defaults.
+#[derive(Default)]
+struct Serving {
+    /// HTTPS with this certificate and key.
+    tls: Option<(PathBuf, PathBuf)>,
+    /// nginx's `limit_rate`: bytes per second per response (`"20k"`).
+    limit_rate: Option<&'static str>,
+}
+
 /// nginx, or `None` (the test says it skips) where it is not installed and the run does not
 /// require it (`scripts/check` installs it and sets `LADLE_REQUIRE_NGINX`).
 fn nginx(fx: &Fixture, root: &Path) -> Option<Nginx> {
+    nginx_with(fx, root, &Serving::default())
+}
+
+fn nginx_with(fx: &Fixture, root: &Path, serving: &Serving) -> Option<Nginx> {
     let Some(bin) = nginx_bin() else {
         assert!(
             std::env::var_os("LADLE_REQUIRE_NGINX").is_none(),
@@ -52,37 +67,41 @@ fn nginx(fx: &Fixture, root: &Path) -> Option<Nginx> {
     } else {
         ""
     };
+    let (ssl, tls) = match &serving.tls {
+        Some((cert, key)) => (
+            " ssl",
+            format!(
+                "ssl_certificate {}; ssl_certificate_key {};",
+                cert.display(),
+                key.display()
+            ),
+        ),
+        None => ("", String::new()),
+    };
+    let limit = serving
+        .limit_rate
+        .map(|r| format!("limit_rate {r};"))
+        .unwrap_or_default();
     let conf = format!(
         "{root_user}\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\n\
          events {{ worker_connections 64; }}\n\
          http {{\n access_log {log};\n client_body_temp_path {p}/tmp;\n proxy_temp_path {p}/tmp;\n\
          fastcgi_temp_path {p}/tmp;\n uwsgi_temp_path {p}/tmp;\n scgi_temp_path {p}/tmp;\n\
-         server {{ listen 127.0.0.1:{port}; root {root}; }}\n}}\n",
+         server {{ listen 127.0.0.1:{port}{ssl}; {tls} {limit} root {root}; }}\n}}\n",
         p = prefix.display(),
         log = log.display(),
         root = root.display(),
     );
     std::fs::write(prefix.join("nginx.conf"), conf).unwrap();
-    let proc = Proc::spawn(
-        "nginx",
-        std::process::Command::new(bin)
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(prefix.join("nginx.conf"))
-            .args(["-g", "daemon off;"]),
-    )
-    .unwrap();
-    wait_until("nginx listening", GUARD, || {
-        TcpStream::connect(("127.0.0.1", port))
-            .map(|_| Some(()))
-            .map_err(|e| e.to_string())
-    });
-    Some(Nginx {
+    let mut web = Nginx {
         port,
         log,
-        _proc: proc,
-    })
+        bin,
+        prefix,
+        proc: None,
+    };
+    web.start();
+    Some(web)
 }
 
 fn free_port() -> u16 {
@@ -94,6 +113,35 @@ fn free_port() -> u16 {
 }
 
 impl Nginx {
+    /// Starts nginx and waits until it listens.
+    fn start(&mut self) {
+        let proc = Proc::spawn(
+            "nginx",
+            std::process::Command::new(&self.bin)
+                .arg("-p")
+                .arg(&self.prefix)
+                .arg("-c")
+                .arg(self.prefix.join("nginx.conf"))
+                .args(["-g", "daemon off;"]),
+        )
+        .unwrap();
+        self.proc = Some(proc);
+        let port = self.port;
+        wait_until("nginx listening", GUARD, || {
+            TcpStream::connect(("127.0.0.1", port))
+                .map(|_| Some(()))
+                .map_err(|e| e.to_string())
+        });
+    }
+
+    /// Kills nginx, master and worker (`SIGKILL` to its process group): what it was sending
+    /// is cut off mid-body.
+    fn kill(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+    }
+
     /// GETs of each path that nginx answered, from its own access log.
     fn gets(&self) -> std::collections::BTreeMap<String, usize> {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -140,6 +188,17 @@ fn shards(fx: &mut Fixture) -> PathBuf {
 
 /// Starts `ladle serve` of `url` on `name`.sock; returns its index and socket.
 fn serve(fx: &mut Fixture, url: &str, name: &str, extra: &[&str]) -> (usize, PathBuf) {
+    serve_env(fx, url, name, extra, &[])
+}
+
+/// [`serve`] with `env` set for the feed.
+fn serve_env(
+    fx: &mut Fixture,
+    url: &str,
+    name: &str,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> (usize, PathBuf) {
     let socket = fx.path().join(format!("{name}.sock"));
     let cache = fx.path().join("shards");
     let args = [
@@ -160,7 +219,12 @@ fn serve(fx: &mut Fixture, url: &str, name: &str, extra: &[&str]) -> (usize, Pat
         extra,
     ]
     .concat();
-    let i = fx.spawn(&args);
+    let mut command = std::process::Command::new(ladle_tests::ladle_bin());
+    command.args(args).env("LADLE_REGISTRY_DIR", fx.registry());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let i = fx.start(&mut command);
     (i, socket)
 }
 
@@ -229,6 +293,202 @@ fn a_missing_shard_is_an_error_naming_its_url() {
     let missing = format!("http://127.0.0.1:{}/d/shard-000004.tar", web.port);
     assert!(done.stderr.contains(&missing), "{}", done.stderr);
     assert!(done.stderr.contains("HTTP 404"), "{}", done.stderr);
+}
+
+/// A certificate authority of the test's own, and a certificate it signed for 127.0.0.1:
+/// (`ca.pem`, `leaf.pem`, `leaf.key`) in `dir`, made with the openssl command.
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ext = dir.join("leaf.ext");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &key,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &key,
+            &["-keyout", "leaf.key", "-out", "leaf.csr"],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "leaf.pem",
+            "-extfile",
+            "leaf.ext",
+        ],
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        let mut args = step.clone();
+        args.extend(["-days", "2"]);
+        if i < 2 {
+            args.extend([
+                "-subj",
+                if i == 0 {
+                    "/CN=ladle test CA"
+                } else {
+                    "/CN=127.0.0.1"
+                },
+            ]);
+        }
+        let out = std::process::Command::new("openssl")
+            .args(&args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command (Debian's openssl package)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (
+        dir.join("ca.pem"),
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+    )
+}
+
+#[test]
+fn shards_over_https_are_trusted_by_the_systems_roots_and_an_unknown_certificate_is_an_error_naming_the_url()
+ {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    let (ca, cert, key) = certificates(&fx.path().join("tls"));
+    let (stranger, _, _) = certificates(&fx.path().join("other-ca"));
+    let serving = Serving {
+        tls: Some((cert, key)),
+        ..Serving::default()
+    };
+    let Some(web) = nginx_with(&fx, &www, &serving) else {
+        return;
+    };
+    let url = format!(
+        "https://127.0.0.1:{}/d/shard-{{000000..000003}}.tar",
+        web.port
+    );
+    // Roots that do not vouch for the server: an error at once, naming the shard, not retried.
+    let (i, _) = serve_env(&mut fx, &url, "a", &[], &[("SSL_CERT_FILE", &stranger)]);
+    let done = fx.wait(i, GUARD);
+    assert!(!done.status.success(), "{}", done.stderr);
+    assert!(done.stderr.contains("TLS failed"), "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains(&format!("https://127.0.0.1:{}/d/shard-", web.port)),
+        "{}",
+        done.stderr
+    );
+    assert!(!done.stderr.contains("retrying"), "{}", done.stderr);
+    assert!(web.gets().is_empty(), "{:?}", web.gets());
+    // Roots that do (SSL_CERT_FILE, as curl and the AWS SDKs read it): exact epochs, each
+    // shard fetched once.
+    let (i, socket) = serve_env(&mut fx, &url, "b", &[], &[("SSL_CERT_FILE", &ca)]);
+    wait_for_listener(&socket, GUARD, "ladle serve of shards over HTTPS");
+    consume(&mut fx, &socket, 2);
+    let gets = web.gets();
+    assert_eq!(gets.len(), 4, "{gets:?}");
+    assert!(gets.values().all(|&n| n == 1), "{gets:?}");
+    fx.signal(i, 15);
+    let done = fx.wait(i, GUARD);
+    assert!(done.stderr.contains("4 shards fetched"), "{}", done.stderr);
+}
+
+/// The number before " retries" in a feed's summary of its fetch.
+fn retries(stderr: &str) -> u64 {
+    let at = stderr
+        .find(" retries")
+        .unwrap_or_else(|| panic!("no retries said: {stderr}"));
+    let digits: String = stderr[..at]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().unwrap()
+}
+
+#[test]
+fn a_web_server_killed_and_restarted_in_the_middle_of_a_shard_loses_no_sample() {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    // nginx sends 20 KB/s per response: a shard takes seconds, time to kill it mid-body.
+    let serving = Serving {
+        limit_rate: Some("20k"),
+        ..Serving::default()
+    };
+    let Some(mut web) = nginx_with(&fx, &www, &serving) else {
+        return;
+    };
+    let url = format!(
+        "http://127.0.0.1:{}/d/shard-{{000000..000003}}.tar",
+        web.port
+    );
+    let (i, socket) = serve(&mut fx, &url, "a", &["--fetch-concurrency", "1"]);
+    // A shard is in the middle of its body: its `.part` file has bytes in it.
+    let cache = fx.path().join("shards");
+    let part = wait_until("a shard half fetched", GUARD, || {
+        let found = walk(&cache).into_iter().find(|p| {
+            p.extension().is_some_and(|e| e == "part")
+                && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        });
+        Ok(found)
+    });
+    web.kill();
+    assert!(
+        !part.with_extension("").exists(),
+        "the shard was whole before the kill: {}",
+        part.display()
+    );
+    web.start();
+    wait_for_listener(&socket, GUARD, "ladle serve after its web server restarted");
+    consume(&mut fx, &socket, 2);
+    fx.signal(i, 15);
+    let done = fx.wait(i, GUARD);
+    assert!(done.stderr.contains("4 shards fetched"), "{}", done.stderr);
+    assert!(retries(&done.stderr) >= 1, "{}", done.stderr);
+}
+
+/// Every file under `dir`, at any depth.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
 }
 
 /// A proxy in front of `upstream` that answers each shard's first GET with 503, cuts its
