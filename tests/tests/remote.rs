@@ -597,6 +597,7 @@ fn failing_and_cut_responses_are_retried_and_lose_no_sample() {
 struct Moto {
     port: u16,
     python: PathBuf,
+    log: PathBuf,
     _proc: Proc,
 }
 
@@ -616,9 +617,13 @@ fn moto(fx: &Fixture) -> Option<Moto> {
     };
     let port = free_port();
     let log = fx.path().join("moto.log");
+    // Its stderr (werkzeug's request log) into `log`: `Proc` pipes a child's own stderr, so
+    // a shell redirects it.
     let proc = Proc::spawn(
         "moto_server",
-        std::process::Command::new(&python)
+        std::process::Command::new("sh")
+            .args(["-c", "exec \"$@\" 2>\"$MOTO_LOG\"", "sh"])
+            .arg(&python)
             .args([
                 "-m",
                 "moto.server",
@@ -627,7 +632,7 @@ fn moto(fx: &Fixture) -> Option<Moto> {
                 "-p",
                 &port.to_string(),
             ])
-            .stderr(std::fs::File::create(&log).unwrap()),
+            .env("MOTO_LOG", &log),
     )
     .unwrap();
     wait_until("moto listening", GUARD, || {
@@ -643,6 +648,7 @@ fn moto(fx: &Fixture) -> Option<Moto> {
     Some(Moto {
         port,
         python,
+        log,
         _proc: proc,
     })
 }
@@ -650,6 +656,24 @@ fn moto(fx: &Fixture) -> Option<Moto> {
 const SECRET: &str = "secret-that-must-never-be-printed";
 
 impl Moto {
+    /// GETs of each object that moto answered with 200, from its own request log (the query,
+    /// a presigned URL's signature, cut off).
+    fn gets(&self) -> std::collections::BTreeMap<String, usize> {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut gets = std::collections::BTreeMap::new();
+        // werkzeug's lines, coloured for some statuses: `"\x1b[33mGET /b/k?… HTTP/1.1\x1b[0m" 200 -`
+        for line in log.lines().filter(|l| l.contains("\" 200 ")) {
+            if let Some(path) = line
+                .split("GET ")
+                .nth(1)
+                .and_then(|r| r.split([' ', '?']).next())
+            {
+                *gets.entry(path.to_owned()).or_insert(0) += 1;
+            }
+        }
+        gets
+    }
+
     fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             (
@@ -764,4 +788,82 @@ fn shards_in_an_s3_compatible_store_serve_exact_epochs_listed_by_prefix_and_fetc
         done.stderr
     );
     assert!(!done.stderr.contains(SECRET));
+}
+
+#[test]
+fn a_four_run_sweep_over_shards_in_an_s3_compatible_store_fetches_each_shard_once_and_every_run_reads_exact_epochs()
+ {
+    let mut fx = Fixture::new();
+    let www = shards(&mut fx);
+    let Some(store) = moto(&fx) else { return };
+    store.upload(&www.join("d"), "photos", "train/");
+    let out = fx.path().join("sweep");
+    let cache = fx.path().join("shards");
+    let ladle = ladle_tests::ladle_bin();
+    let mut command = std::process::Command::new(&ladle);
+    command
+        .args([
+            "sweep",
+            "--dataset",
+            "s3://photos/train/",
+            "--shard-cache",
+            cache.to_str().unwrap(),
+            "--image-size",
+            "32",
+            "--ring-mib",
+            "2",
+            "--gpu",
+            "sim",
+            "--sim-gpus",
+            "4",
+            "--settle-s",
+            "0",
+            "--tick-ms",
+            "100",
+            "--measure-s",
+            "1",
+            "--private-scheduler",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+            "--",
+            ladle.to_str().unwrap(),
+            "consume",
+            "--batch-size",
+            "{8,16,32,64}",
+            "--epochs",
+            "2",
+            "--json",
+        ])
+        .env("LADLE_REGISTRY_DIR", fx.registry());
+    for (k, v) in store.env() {
+        command.env(k, v);
+    }
+    let i = fx.start(&mut command);
+    let done = fx.wait(i, Duration::from_secs(300));
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(!done.stderr.contains(SECRET), "{}", done.stderr);
+    let report: serde_json::Value = serde_json::from_str(done.stdout.trim()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{report}");
+    for run in runs {
+        assert_eq!(run["exit_code"], 0, "{run}");
+        let (epochs, log) = ladle_tests::sweep_run_epochs(run);
+        assert_eq!(epochs.len(), 2, "{log}");
+        for e in &epochs {
+            assert_eq!(e["exact_coverage"], true, "{e}");
+            assert_eq!(e["samples"], 100, "{e}");
+        }
+    }
+    // The store's own log: each of the four shards sent once, for all four runs.
+    let gets: std::collections::BTreeMap<_, _> = store
+        .gets()
+        .into_iter()
+        .filter(|(path, _)| path.ends_with(".tar"))
+        .collect();
+    assert_eq!(gets.len(), 4, "{gets:?}");
+    assert!(
+        gets.values().all(|&n| n == 1),
+        "a shard sent twice: {gets:?}"
+    );
 }
