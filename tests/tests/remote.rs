@@ -800,7 +800,7 @@ fn a_four_run_sweep_over_shards_in_an_s3_compatible_store_fetches_each_shard_onc
     let out = fx.path().join("sweep");
     let cache = fx.path().join("shards");
     let ladle = ladle_tests::ladle_bin();
-    let mut command = std::process::Command::new(&ladle);
+    let mut command = std::process::Command::new(ladle);
     command
         .args([
             "sweep",
