@@ -867,3 +867,82 @@ fn a_four_run_sweep_over_shards_in_an_s3_compatible_store_fetches_each_shard_onc
         "a shard sent twice: {gets:?}"
     );
 }
+
+#[test]
+fn an_imagefolder_stored_as_tar_shards_over_http_has_the_folders_classes_and_serves_exact_epochs() {
+    let mut fx = Fixture::new();
+    let folder = fx.path().join("folder");
+    let done = fx.run(
+        &[
+            "dataset",
+            "generate",
+            "--format",
+            "imagefolder",
+            "--count",
+            "60",
+            "--width",
+            "32",
+            "--height",
+            "24",
+            "--out",
+            folder.to_str().unwrap(),
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    // Two shards as `tar -C ROOT` writes them: the first five classes, then the rest.
+    let www = fx.path().join("www");
+    std::fs::create_dir_all(www.join("f")).unwrap();
+    let mut classes: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    classes.sort();
+    for (k, part) in classes.chunks(5).enumerate() {
+        let out = std::process::Command::new("tar")
+            .arg("-cf")
+            .arg(www.join(format!("f/part-{k}.tar")))
+            .arg("-C")
+            .arg(&folder)
+            .args(part.iter().map(|c| format!("./{c}")))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let Some(web) = nginx(&fx, &www) else { return };
+    let url = format!("http://127.0.0.1:{}/f/part-{{0..1}}.tar", web.port);
+    let inspect = |fx: &mut Fixture, what: &str| -> serde_json::Value {
+        let cache = fx.path().join("shards");
+        let done = fx.run(
+            &[
+                "dataset",
+                "inspect",
+                what,
+                "--json",
+                "--shard-cache",
+                cache.to_str().unwrap(),
+            ],
+            GUARD,
+        );
+        assert!(done.status.success(), "{}", done.stderr);
+        serde_json::from_str(done.stdout.trim()).unwrap()
+    };
+    let local = inspect(&mut fx, folder.to_str().unwrap());
+    let remote = inspect(&mut fx, &url);
+    assert_eq!(remote["samples"], 60, "{remote}");
+    assert_eq!(remote["class_names"], local["class_names"], "{remote}");
+    assert!(remote["errors"].as_array().unwrap().is_empty(), "{remote}");
+    let (i, socket) = serve(&mut fx, &url, "a", &[]);
+    wait_for_listener(
+        &socket,
+        GUARD,
+        "ladle serve of an ImageFolder in tar shards",
+    );
+    consume(&mut fx, &socket, 2);
+    fx.signal(i, 15);
+    fx.wait(i, GUARD);
+}

@@ -9,6 +9,12 @@
 //!
 //! An image without a `.cls` member, or a label that is not an integer in range, leaves that
 //! sample out and is reported by [`Dataset::problems`].
+//!
+//! **An ImageFolder stored as tar shards** is read too: shards with no `.cls` member at all,
+//! whose images are `CLASS/…/NAME.jpg` (a leading `./` ignored: what `tar -cf shard.tar -C
+//! ROOT .` writes of an ImageFolder `ROOT`), are labelled by their first folder, the classes
+//! sorted by name and the samples ordered by class, then path, over all shards: the classes,
+//! labels and order torchvision's `ImageFolder(ROOT)` gives the unpacked folder.
 
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
@@ -88,23 +94,40 @@ impl WebDataset {
 
         let mut shards = Vec::new();
         let mut members = Vec::new();
+        let mut unlabelled = Vec::new();
         let mut problems = Vec::new();
         for (shard_no, shard_path) in shard_paths.into_iter().enumerate() {
             let (file, _) = super::open_index_file(&shard_path)?;
-            index_shard(shard_no, &shard_path, &file, &mut members, &mut problems)?;
+            let found = index_shard(shard_no, &shard_path, &file, &mut problems)?;
+            members.extend(found.labelled);
+            unlabelled.extend(found.unlabelled);
             shards.push(Shard {
                 path: shard_path,
                 file,
             });
         }
 
-        let classes = match named_classes {
-            Some(names) => names,
-            None => {
+        let folder_classes = if members.is_empty() {
+            folder_layout(&mut unlabelled)
+        } else {
+            None
+        };
+        let classes = match (folder_classes, named_classes) {
+            (Some(folders), _) => {
+                members = std::mem::take(&mut unlabelled);
+                folders
+            }
+            (None, Some(names)) => names,
+            (None, None) => {
                 let max = members.iter().map(|m| m.label).max().unwrap_or(-1);
                 (0..=max).map(|l| l.to_string()).collect()
             }
         };
+        for m in unlabelled {
+            problems.push(SampleError::MissingLabel {
+                location: format!("{}:{}", shards[m.shard].path.display(), m.name),
+            });
+        }
         // Labels outside the class list are reported and left out.
         let n_classes = classes.len() as i64;
         members.retain(|m| {
@@ -130,13 +153,54 @@ impl WebDataset {
     }
 }
 
+/// The class of an image stored as `CLASS/…/NAME.ext` (a leading `./` ignored).
+fn folder_class(name: &str) -> Option<&str> {
+    let name = name.strip_prefix("./").unwrap_or(name);
+    let (class, rest) = name.split_once('/')?;
+    (!class.is_empty() && !rest.is_empty()).then_some(class)
+}
+
+/// If every image lies in a class folder, labels them as torchvision's ImageFolder would
+/// (classes sorted by name; samples by class, then path) and returns the classes.
+fn folder_layout(images: &mut [Member]) -> Option<Vec<String>> {
+    if images.is_empty() || images.iter().any(|m| folder_class(&m.name).is_none()) {
+        return None;
+    }
+    let mut classes: Vec<String> = images
+        .iter()
+        .filter_map(|m| folder_class(&m.name))
+        .map(str::to_owned)
+        .collect();
+    classes.sort();
+    classes.dedup();
+    for m in images.iter_mut() {
+        let class = folder_class(&m.name).unwrap_or_default();
+        m.label = classes.binary_search_by(|c| c.as_str().cmp(class)).ok()? as i64;
+    }
+    images.sort_by(|a, b| {
+        let path = |m: &Member| m.name.strip_prefix("./").unwrap_or(&m.name).to_owned();
+        (a.label, path(a)).cmp(&(b.label, path(b)))
+    });
+    Some(classes)
+}
+
+/// A shard's images: those with a `.cls` label, and those without one (an ImageFolder's, or
+/// missing their label), whose `label` is -1 until [`folder_layout`] says.
+struct Indexed {
+    labelled: Vec<Member>,
+    unlabelled: Vec<Member>,
+}
+
 fn index_shard(
     shard_no: usize,
     shard_path: &Path,
     file: &std::fs::File,
-    members: &mut Vec<Member>,
     problems: &mut Vec<SampleError>,
-) -> Result<(), OpenError> {
+) -> Result<Indexed, OpenError> {
+    let mut found = Indexed {
+        labelled: Vec::new(),
+        unlabelled: Vec::new(),
+    };
     let tar_err = |source| OpenError::Tar {
         path: shard_path.into(),
         source,
@@ -185,31 +249,30 @@ fn index_shard(
         else {
             continue; // a key with no image (metadata only): nothing to train on
         };
+        let member = |name, label| Member {
+            shard: shard_no,
+            name,
+            offset,
+            len,
+            label,
+        };
         match label {
-            None => problems.push(SampleError::MissingLabel {
-                location: location(&name),
-            }),
             Some(Err(text)) => problems.push(SampleError::BadLabel {
                 location: location(&name),
                 label: text,
             }),
-            Some(Ok(_)) if offset + len > file_len => problems.push(SampleError::Io {
+            _ if offset + len > file_len => problems.push(SampleError::Io {
                 location: location(&name),
                 source: std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
                     "member runs past the end of the shard (truncated tar)",
                 ),
             }),
-            Some(Ok(label)) => members.push(Member {
-                shard: shard_no,
-                name,
-                offset,
-                len,
-                label,
-            }),
+            None => found.unlabelled.push(member(name, -1)),
+            Some(Ok(label)) => found.labelled.push(member(name, label)),
         }
     }
-    Ok(())
+    Ok(found)
 }
 
 impl Dataset for WebDataset {
@@ -297,7 +360,87 @@ impl Dataset for WebDataset {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
     use super::split_key;
+    use crate::dataset::Dataset;
+
+    /// Writes a tar of `(name, bytes)` members.
+    fn shard(path: &std::path::Path, members: &[(&str, &[u8])]) {
+        let mut tar = tar::Builder::new(std::fs::File::create(path).unwrap());
+        for (name, data) in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, name, *data).unwrap();
+        }
+        tar.finish().unwrap();
+    }
+
+    #[test]
+    fn an_imagefolder_in_tar_shards_has_torchvisions_classes_labels_and_order() {
+        let dir = tempfile::tempdir().unwrap();
+        shard(
+            &dir.path().join("a.tar"),
+            &[("./dog/1.jpg", b"d1"), ("./cat/2.jpg", b"c2")],
+        );
+        shard(
+            &dir.path().join("b.tar"),
+            &[
+                ("cat/1.jpg", b"c1"),
+                ("bird/deep/x.png", b"bx"),
+                ("notes.txt", b"-"),
+            ],
+        );
+        let ds = super::WebDataset::open(dir.path()).unwrap();
+        assert_eq!(ds.class_names(), ["bird", "cat", "dog"]);
+        let got: Vec<(i64, String)> = (0..ds.len())
+            .map(|i| {
+                let mut scratch = Vec::new();
+                let limits = crate::limits::SampleLimits::default();
+                let bytes = match ds.read(i, &mut scratch, &limits).unwrap() {
+                    crate::dataset::RecordData::Encoded(b) => b.to_vec(),
+                    _ => panic!("a WebDataset sample is encoded bytes"),
+                };
+                (ds.label(i).unwrap(), String::from_utf8(bytes).unwrap())
+            })
+            .collect();
+        let want = [(0, "bx"), (1, "c1"), (1, "c2"), (2, "d1")];
+        assert_eq!(
+            got,
+            want.map(|(l, b)| (l, b.to_owned())),
+            "by class, then path, over both shards"
+        );
+        assert!(ds.problems().is_empty(), "{:?}", ds.problems());
+    }
+
+    #[test]
+    fn labelled_shards_with_an_image_missing_its_label_still_report_it() {
+        let dir = tempfile::tempdir().unwrap();
+        shard(
+            &dir.path().join("a.tar"),
+            &[("k/1.jpg", b"x"), ("k/1.cls", b"0"), ("cat/2.jpg", b"y")],
+        );
+        let ds = super::WebDataset::open(dir.path()).unwrap();
+        assert_eq!(ds.len(), 1);
+        assert_eq!(ds.problems().len(), 1);
+        assert!(
+            ds.problems()[0].to_string().contains("cat/2.jpg"),
+            "{}",
+            ds.problems()[0]
+        );
+    }
+
+    #[test]
+    fn images_outside_any_folder_are_not_an_imagefolder() {
+        let dir = tempfile::tempdir().unwrap();
+        shard(
+            &dir.path().join("a.tar"),
+            &[("1.jpg", b"x"), ("c/2.jpg", b"y")],
+        );
+        assert!(super::WebDataset::open(dir.path()).is_err());
+    }
 
     #[test]
     fn keys_split_at_the_first_dot_of_the_file_name() {
