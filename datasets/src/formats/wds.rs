@@ -114,7 +114,9 @@ impl WebDataset {
         };
         let classes = match (folder_classes, named_classes) {
             (Some(folders), _) => {
+                // Every image lacked a `.cls` because none was meant: not problems.
                 members = std::mem::take(&mut unlabelled);
+                problems.retain(|p| !matches!(p, SampleError::MissingLabel { .. }));
                 folders
             }
             (None, Some(names)) => names,
@@ -123,11 +125,6 @@ impl WebDataset {
                 (0..=max).map(|l| l.to_string()).collect()
             }
         };
-        for m in unlabelled {
-            problems.push(SampleError::MissingLabel {
-                location: format!("{}:{}", shards[m.shard].path.display(), m.name),
-            });
-        }
         // Labels outside the class list are reported and left out.
         let n_classes = classes.len() as i64;
         members.retain(|m| {
@@ -185,7 +182,8 @@ fn folder_layout(images: &mut [Member]) -> Option<Vec<String>> {
 }
 
 /// A shard's images: those with a `.cls` label, and those without one (an ImageFolder's, or
-/// missing their label), whose `label` is -1 until [`folder_layout`] says.
+/// missing their label: reported as such until [`folder_layout`] says otherwise), whose
+/// `label` is -1 until it does.
 struct Indexed {
     labelled: Vec<Member>,
     unlabelled: Vec<Member>,
@@ -268,7 +266,13 @@ fn index_shard(
                     "member runs past the end of the shard (truncated tar)",
                 ),
             }),
-            None => found.unlabelled.push(member(name, -1)),
+            None => {
+                // Reported in the shard's order; taken back if the shards are an ImageFolder.
+                problems.push(SampleError::MissingLabel {
+                    location: location(&name),
+                });
+                found.unlabelled.push(member(name, -1));
+            }
             Some(Ok(label)) => found.labelled.push(member(name, label)),
         }
     }
