@@ -391,6 +391,12 @@ fn cleanup_child_starts_a_cluster_with_a_job_then_panics_or_hangs() {
     std::fs::write(&tmp, cluster.dir().display().to_string()).unwrap();
     std::fs::rename(&tmp, &report).unwrap();
     if mode == "panic" {
+        // Not before the parent has seen the job's processes: the panic's clean-up kills
+        // them, and a parent that looked a moment later found the tasks already gone.
+        let go = report.with_extension("go");
+        wait_until("the parent's go-ahead", GUARD, || {
+            Ok::<_, String>(go.exists().then_some(()))
+        });
         panic!("a deliberate failure: the binary exits 101 and its cluster must go with it");
     }
     // The hang is the behaviour under test: the parent kills this binary while it waits here,
@@ -448,6 +454,8 @@ fn start_cleanup_child(mode: &str, scratch: &Path) -> (Proc, PathBuf) {
             && procs.iter().any(|(_, l)| l.starts_with("slurmctld")),
         "{procs:?}"
     );
+    // Seen: the child may go on (a "panic" child waits for this).
+    std::fs::write(report.with_extension("go"), b"").unwrap();
     (child, dir)
 }
 
