@@ -1,4 +1,4 @@
-//! `ladle dataset generate|inspect`.
+//! `ladle dataset generate|inspect|index`.
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +26,26 @@ pub(crate) enum DatasetCommand {
     /// Exits 0 when the dataset could be read, even with bad files (they are listed);
     /// non-zero when it cannot be read at all.
     Inspect(InspectArgs),
+    /// Write the shard index of a folder of WebDataset shards, to upload beside them: a
+    /// feed given the index's URL serves while the shards arrive, and can read a dataset
+    /// larger than its disk (docs/remote-data.md, "Streaming").
+    ///
+    /// The index is WebDataset's own (wids' `wids-shard-index-v1`, as `widsindex create`
+    /// writes): each shard's file name, images and bytes, plus the class names (from a
+    /// classes.txt beside the shards, else the label numbers). It goes to stdout, or --out.
+    Index(IndexArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct IndexArgs {
+    /// The folder of .tar shards (or one .tar file).
+    path: PathBuf,
+    /// Write the index here instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// The dataset's name in the index (default: the folder's name).
+    #[arg(long)]
+    name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,7 +133,94 @@ pub(crate) fn run(cmd: DatasetCommand) -> anyhow::Result<()> {
     match cmd {
         DatasetCommand::Generate(args) => generate_cmd(args),
         DatasetCommand::Inspect(args) => inspect_cmd(args),
+        DatasetCommand::Index(args) => index_cmd(args),
     }
+}
+
+fn index_cmd(args: IndexArgs) -> anyhow::Result<()> {
+    let shards: Vec<PathBuf> = if args.path.is_file() {
+        vec![args.path.clone()]
+    } else {
+        let mut shards: Vec<PathBuf> = std::fs::read_dir(&args.path)
+            .with_context(|| format!("cannot list {}", args.path.display()))?
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "tar") && p.is_file())
+            .collect();
+        shards.sort();
+        shards
+    };
+    if shards.is_empty() {
+        bail!("{}: no .tar shards there", args.path.display());
+    }
+    let folder = if args.path.is_file() {
+        args.path.parent().unwrap_or(Path::new(".")).to_path_buf()
+    } else {
+        args.path.clone()
+    };
+    let bar = progress::bar(shards.len() as u64, "index");
+    let mut shardlist = Vec::new();
+    let mut max_label = -1i64;
+    for shard in &shards {
+        let (file, samples) = ladle_datasets::wds::index_one(shard)
+            .with_context(|| format!("cannot index {}", shard.display()))?;
+        if samples.is_empty() {
+            bail!("{}: no images in this shard", shard.display());
+        }
+        for sample in &samples {
+            if let Ok(label) = sample.label {
+                max_label = max_label.max(label);
+            }
+        }
+        shardlist.push(ladle_fetch::index::IndexShard {
+            url: shard
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            nsamples: samples.len() as u64,
+            filesize: file.metadata()?.len(),
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let classes_file = folder.join("classes.txt");
+    let classes = if classes_file.is_file() {
+        std::fs::read_to_string(&classes_file)
+            .with_context(|| format!("cannot read {}", classes_file.display()))?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    } else {
+        (0..=max_label).map(|l| l.to_string()).collect()
+    };
+    let index = ladle_fetch::index::ShardIndex {
+        kind: ladle_fetch::index::KIND.to_owned(),
+        name: args.name.or_else(|| {
+            folder
+                .canonicalize()
+                .ok()?
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        }),
+        base_path: None,
+        shardlist,
+        classes: Some(classes),
+    };
+    let text = serde_json::to_string_pretty(&index)? + "\n";
+    match &args.out {
+        Some(out) => {
+            std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
+            eprintln!(
+                "{}: {} shards, {} samples",
+                out.display(),
+                index.shardlist.len(),
+                index.shardlist.iter().map(|s| s.nsamples).sum::<u64>()
+            );
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
 }
 
 fn generate_cmd(args: GenerateArgs) -> anyhow::Result<()> {

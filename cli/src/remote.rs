@@ -1,5 +1,6 @@
-//! Datasets given by URL (`--dataset http://host/path/shard-{000..127}.tar`): the options of
-//! the node's shard cache, and opening such a dataset through it (`ladle_fetch`).
+//! Datasets given by URL (`--dataset http://host/path/shard-{000..127}.tar`, or a shard
+//! index `…/index.json`, streamed): the options of the node's shard cache, and opening such a
+//! dataset through it (`ladle_fetch`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,6 +24,11 @@ pub(crate) struct RemoteArgs {
     /// Shards fetched at once.
     #[arg(long, value_name = "N", default_value_t = 16)]
     fetch_concurrency: usize,
+    /// For a dataset given by shard index (a .json URL, streamed): how many shards each
+    /// epoch shuffles together. More is more random and needs more disk (two windows of
+    /// shards); fewer if the shard cache's budget holds less.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    shuffle_shards: usize,
 }
 
 /// Folders of remote datasets this process reads: held in use for its whole life, so that
@@ -57,7 +63,24 @@ impl RemoteArgs {
     pub(crate) fn open(&self, path: &Path) -> anyhow::Result<Box<dyn ladle_datasets::Dataset>> {
         let local = match path.to_str().filter(|p| ladle_fetch::is_remote(p)) {
             None => path.to_path_buf(),
-            Some(url) => self.fetch(url)?,
+            Some(url) => {
+                let spec = ladle_fetch::RemoteSpec::parse(url)?;
+                if spec.is_index() {
+                    let streamed = ladle_fetch::StreamedDataset::open(
+                        &spec,
+                        &self.options()?,
+                        self.shuffle_shards,
+                    )
+                    .with_context(|| format!("cannot stream dataset {url}"))?;
+                    eprintln!(
+                        "{url}: {} samples in shards streamed into {}",
+                        ladle_datasets::Dataset::len(&streamed),
+                        ladle_datasets::Dataset::root(&streamed).display()
+                    );
+                    return Ok(Box::new(streamed));
+                }
+                self.fetch(url)?
+            }
         };
         ladle_datasets::open(&local)
             .with_context(|| format!("cannot read dataset {}", path.display()))

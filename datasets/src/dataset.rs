@@ -131,6 +131,29 @@ pub trait Dataset: Send + Sync + fmt::Debug {
     fn warnings(&self) -> &[String] {
         &[]
     }
+
+    /// For a dataset whose shards arrive while it is read (a dataset by shard index,
+    /// `ladle-fetch`): how its samples are grouped, and where to say what will be read next.
+    /// `None` (the default) for a dataset that is all there when opened.
+    fn streamed(&self) -> Option<std::sync::Arc<dyn Streamed>> {
+        None
+    }
+}
+
+/// A dataset read while its shards arrive: the feed shuffles it a window of shards at a
+/// time ([`crate::sampler::Grouping`]) and tells it the order it will read, so that it
+/// fetches ahead of the decoders and keeps only what is needed soon on disk.
+pub trait Streamed: Send + Sync + fmt::Debug {
+    /// How the samples lie in shards, and how many shards an epoch shuffles together.
+    fn grouping(&self) -> crate::sampler::Grouping;
+
+    /// The feed's order from its sequence `first` on: `order[k]` is read at `first + k`
+    /// (called for each producer-epoch as its order is built).
+    fn schedule(&self, first: u64, order: std::sync::Arc<[u64]>);
+
+    /// Every sequence before `done` is decoded (or passed as a hole): the shards needed
+    /// from here on are those of the order from `done`.
+    fn reached(&self, done: u64);
 }
 
 /// Files left out of a dataset for their extension: `files` of them end in `extension`.

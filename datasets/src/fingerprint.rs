@@ -54,7 +54,7 @@ impl Fnv {
 }
 
 /// The fingerprint of samples given as `(relative name, size)` in index order.
-pub(crate) fn of<'a>(samples: impl IntoIterator<Item = (&'a [u8], u64)>) -> Fingerprint {
+pub fn of<'a>(samples: impl IntoIterator<Item = (&'a [u8], u64)>) -> Fingerprint {
     let (mut files, mut sizes) = (Fnv::default(), Fnv::default());
     for (name, size) in samples {
         files.write(name);

@@ -100,7 +100,7 @@ pub mod sampler;
 pub mod synth;
 pub mod transforms;
 
-pub use dataset::{Dataset, Format, LeftOut, RecordData};
+pub use dataset::{Dataset, Format, LeftOut, RecordData, Streamed};
 pub use error::{AugmentError, DecodeError, GenerateError, OpenError, PipelineError, SampleError};
 pub use fingerprint::Fingerprint;
 pub use formats::{cifar, detect, imagefolder, open, wds};

@@ -96,7 +96,7 @@ pub(crate) fn check_pixels(width: u64, height: u64, max: u64) -> Result<(), Deco
 
 /// `buf` holding at least `len` bytes, grown if needed; a buffer that one earlier sample made
 /// larger than [`KEEP_BYTES`] and four times `len` is dropped first, giving its memory back.
-pub(crate) fn fit(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+pub fn fit(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     give_back(buf, len);
     if buf.len() < len {
         buf.resize(len, 0);

@@ -104,12 +104,12 @@ pub(crate) fn fetch_all(
 }
 
 /// The client of every fetch: plain HTTP, and HTTPS through rustls.
-type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// A client for `http://` and `https://`. With no trusted roots on the machine (a container
 /// without `ca-certificates`), `http://` still works and an `https://` shard fails naming
 /// its URL and the certificate rustls could not verify.
-fn http_client() -> HttpClient {
+pub(crate) fn http_client() -> HttpClient {
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
     let builder = match builder.with_native_roots() {
         Ok(builder) => builder,
@@ -158,7 +158,7 @@ enum Tried {
     Transient(String),
 }
 
-async fn fetch_one(
+pub(crate) async fn fetch_one(
     client: &HttpClient,
     job: &Job,
     retry: Retry,

@@ -21,8 +21,10 @@
 //!   removed, least recently used first, until the cache fits `--shard-cache-gib`.
 
 pub mod http;
+pub mod index;
 pub mod s3;
 pub mod spec;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use std::time::{Duration, Instant};
 
 pub use s3::S3Env;
 pub use spec::{RemoteSpec, Shards, SpecError, is_remote};
+pub use stream::{StreamStats, StreamedDataset};
 
 /// Why a remote dataset could not be made local.
 #[derive(Debug, thiserror::Error)]
@@ -189,21 +192,11 @@ pub fn fetch(
     options: &FetchOptions,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Fetched, InUse), FetchError> {
-    let dir = options.cache.folder(spec);
+    let (dir, in_use) = prepare(spec, options)?;
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| FetchError::Io { path, source }
     };
-    ladle_os::fs::private_dir(&options.cache.dir).map_err(|e| FetchError::Io {
-        path: options.cache.dir.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    std::fs::write(dir.join(".spec"), &spec.spec).map_err(io(&dir))?;
-    let held = ladle_os::process::hold_shared(&dir.join(".use")).map_err(io(&dir))?;
-    // The cache's least-recently-used order is that of these files' times.
-    let _ = held.set_modified(std::time::SystemTime::now());
-    let in_use = InUse { _file: held };
     let lock_path = dir.join(".fetch");
     let deadline = Instant::now() + options.wait;
     let _lock = ladle_os::process::lock_file_wait(&lock_path, deadline)
@@ -220,23 +213,7 @@ pub fn fetch(
     let mut reused = 0;
     let mut wanted = std::collections::BTreeSet::new();
     for (i, (name, url)) in shards.iter().enumerate() {
-        let base = name.rsplit('/').next().unwrap_or("shard.tar");
-        let base: String = base
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let base = if base.ends_with(".tar") {
-            base
-        } else {
-            format!("{base}.tar")
-        };
-        let file = format!("{i:0width$}-{base}");
+        let file = format!("{i:0width$}-{}", file_name_of(name));
         let to = dir.join(&file);
         wanted.insert(file);
         if to.is_file() {
@@ -284,6 +261,48 @@ pub fn fetch(
         },
         in_use,
     ))
+}
+
+/// A dataset's folder in the shard cache, made and held in use (the cache's budget does not
+/// remove it while the [`InUse`] lives), and its spec written beside its shards.
+fn prepare(spec: &RemoteSpec, options: &FetchOptions) -> Result<(PathBuf, InUse), FetchError> {
+    let dir = options.cache.folder(spec);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| FetchError::Io { path, source }
+    };
+    ladle_os::fs::private_dir(&options.cache.dir).map_err(|e| FetchError::Io {
+        path: options.cache.dir.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    std::fs::write(dir.join(".spec"), &spec.spec).map_err(io(&dir))?;
+    let held = ladle_os::process::hold_shared(&dir.join(".use")).map_err(io(&dir))?;
+    // The cache's least-recently-used order is that of these files' times.
+    let _ = held.set_modified(std::time::SystemTime::now());
+    Ok((dir, InUse { _file: held }))
+}
+
+/// A shard's file name in the cache (after its number): the last part of its name, with
+/// anything but letters, digits, `.`, `_` and `-` made `_`, ending in `.tar`.
+fn file_name_of(name: &str) -> String {
+    let name = name.split(['?', '#']).next().unwrap_or(name);
+    let base = name.rsplit('/').next().unwrap_or("shard.tar");
+    let base: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if base.ends_with(".tar") {
+        base
+    } else {
+        format!("{base}.tar")
+    }
 }
 
 /// Each shard's name (for logs and errors) and the URL it is fetched from, in order; an

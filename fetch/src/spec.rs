@@ -103,7 +103,7 @@ impl RemoteSpec {
                         why: "no bucket named (s3://BUCKET/prefix/)".into(),
                     });
                 }
-                if path.contains('{') || path.ends_with(".tar") {
+                if path.contains('{') || path.ends_with(".tar") || path.ends_with(".json") {
                     Shards::S3Keys {
                         bucket: bucket.to_owned(),
                         keys: braces(path)?,
@@ -127,6 +127,23 @@ impl RemoteSpec {
             shards,
         })
     }
+}
+
+impl RemoteSpec {
+    /// Whether this names a shard index (one `.json` object: WebDataset's `wids` index),
+    /// which a feed streams instead of fetching every shard first.
+    pub fn is_index(&self) -> bool {
+        match &self.shards {
+            Shards::Http(urls) => urls.len() == 1 && path_of(&urls[0]).ends_with(".json"),
+            Shards::S3Keys { keys, .. } => keys.len() == 1 && keys[0].ends_with(".json"),
+            Shards::S3Prefix { .. } => false,
+        }
+    }
+}
+
+/// A URL without its query (`?…`) and fragment.
+fn path_of(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or(url)
 }
 
 impl fmt::Display for RemoteSpec {

@@ -8,7 +8,9 @@
 //! "Epochs"). With no cut point the next epoch is a full reshuffle.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use ladle_datasets::Streamed;
 use ladle_datasets::sampler::EpochSampler;
 
 /// Live cut points (offsets into the epoch), counted: two consumers may share one.
@@ -42,15 +44,44 @@ pub(crate) struct Feed {
     sampler: EpochSampler,
     epoch: u64,
     order: Vec<u64>,
+    /// A dataset whose shards arrive while it is read: told each epoch's order.
+    stream: Option<Arc<dyn Streamed>>,
 }
 
 impl Feed {
+    #[cfg(test)]
     pub(crate) fn new(len: u64, seed: u64) -> Self {
-        let sampler = EpochSampler::new(len, seed);
-        Self {
+        Self::over(len, seed, None)
+    }
+
+    /// A feed over a dataset that may be streamed: then its epochs are shuffled a window of
+    /// shards at a time, and it is told each order as it is built.
+    pub(crate) fn over(len: u64, seed: u64, stream: Option<Arc<dyn Streamed>>) -> Self {
+        let sampler = match &stream {
+            Some(stream) => EpochSampler::grouped(len, seed, stream.grouping()),
+            None => EpochSampler::new(len, seed),
+        };
+        let order = sampler.order(0);
+        let feed = Self {
             sampler,
             epoch: 0,
-            order: sampler.order(0),
+            order,
+            stream,
+        };
+        feed.tell();
+        feed
+    }
+
+    fn tell(&self) {
+        if let Some(stream) = &self.stream {
+            stream.schedule(self.epoch * self.len(), self.order.clone().into());
+        }
+    }
+
+    /// Tells a streamed dataset that every sequence before `done` is decoded.
+    pub(crate) fn reached(&self, done: u64) {
+        if let Some(stream) = &self.stream {
+            stream.reached(done);
         }
     }
 
@@ -79,6 +110,7 @@ impl Feed {
                 .shuffle_segment(&mut self.order[range], self.epoch, segment as u64);
             start = end;
         }
+        self.tell();
     }
 }
 

@@ -81,6 +81,7 @@ impl<'a> WorkSource for FeedSource<'a> {
                 Gate::Loan(loan) => {
                     let seq = loan.seq();
                     let (index, epoch) = self.feed.index_of(seq, &state.cuts);
+                    self.feed.reached(shared.ring.head());
                     let wanted = crate::needs::needed(
                         (state.members.iter()).map(|m| (m.attached, m.skimming, &m.needs)),
                         seq,
@@ -212,7 +213,14 @@ pub(crate) fn run_feeder(
 ) -> Result<(), ProducerError> {
     let source = FeedSource {
         shared,
-        feed: Feed::new(shared.info.len, seed),
+        feed: Feed::over(
+            shared.info.len,
+            seed,
+            match &shared.source {
+                Source::Images(dataset) => dataset.streamed(),
+                Source::Custom(_) => None,
+            },
+        ),
         alone_since: Some(Instant::now()),
         came: false,
         pacer: (shared.pacing == Pacing::Skim)

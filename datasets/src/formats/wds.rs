@@ -150,6 +150,61 @@ impl WebDataset {
     }
 }
 
+/// One image of a shard indexed on its own ([`index_one`]).
+#[derive(Debug)]
+pub struct TarSample {
+    /// The member's name.
+    pub name: String,
+    /// Where its bytes start in the shard.
+    pub offset: u64,
+    /// Its size.
+    pub len: u64,
+    /// Its label, or why it has none ([`SampleError::MissingLabel`], a bad one).
+    pub label: Result<i64, SampleError>,
+}
+
+/// Indexes one shard on its own, for a dataset whose shards arrive one by one (a dataset by
+/// shard index): its images in the shard's order, each with its label or why it has none,
+/// and the file.
+pub fn index_one(path: &Path) -> Result<(std::fs::File, Vec<TarSample>), OpenError> {
+    let (file, _) = super::open_index_file(path)?;
+    let mut problems = Vec::new();
+    let found = index_shard(0, path, &file, &mut problems)?;
+    let mut order: Vec<(u64, TarSample)> = Vec::new();
+    for m in found.labelled {
+        order.push((
+            m.offset,
+            TarSample {
+                name: m.name,
+                offset: m.offset,
+                len: m.len,
+                label: Ok(m.label),
+            },
+        ));
+    }
+    for m in found.unlabelled {
+        let location = format!("{}:{}", path.display(), m.name);
+        order.push((
+            m.offset,
+            TarSample {
+                name: m.name,
+                offset: m.offset,
+                len: m.len,
+                label: Err(SampleError::MissingLabel { location }),
+            },
+        ));
+    }
+    // A bad label or a member cut off by the end of the file leaves its image out (the
+    // samples after it move up; the reader reports the shortfall at the shard's end).
+    for problem in problems {
+        if !matches!(problem, SampleError::MissingLabel { .. }) {
+            tracing::warn!("{problem}");
+        }
+    }
+    order.sort_by_key(|(offset, _)| *offset);
+    Ok((file, order.into_iter().map(|(_, s)| s).collect()))
+}
+
 /// The class of an image stored as `CLASS/…/NAME.ext` (a leading `./` ignored).
 fn folder_class(name: &str) -> Option<&str> {
     let name = name.strip_prefix("./").unwrap_or(name);
