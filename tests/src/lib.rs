@@ -27,6 +27,7 @@ use ladle_ring::protocol::FeedStats;
 
 pub mod scheduler;
 pub mod slurm;
+pub mod web;
 
 /// The `ladle` binary of this build, built on first use with the same profile as the tests.
 pub fn ladle_bin() -> &'static Path {
