@@ -140,6 +140,67 @@ mod tests {
         }
     }
 
+    /// A streamed dataset of 10 shards of 7 samples that records what it is told.
+    #[derive(Debug, Default)]
+    struct Told {
+        schedules: std::sync::Mutex<Vec<(u64, Arc<[u64]>)>>,
+        reached: std::sync::atomic::AtomicU64,
+    }
+
+    impl Streamed for Told {
+        fn grouping(&self) -> ladle_datasets::sampler::Grouping {
+            ladle_datasets::sampler::Grouping {
+                ends: (1..=10).map(|k| k * 7).collect(),
+                window: 3,
+            }
+        }
+        fn schedule(&self, first: u64, order: Arc<[u64]>) {
+            self.schedules.lock().unwrap().push((first, order));
+        }
+        fn reached(&self, done: u64) {
+            self.reached
+                .fetch_max(done, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_streamed_feed_keeps_exact_coverage_for_late_joiners_and_tells_each_epochs_order() {
+        let n = 70u64;
+        for join in [0u64, 5, 33, 69, 101] {
+            let told = Arc::new(Told::default());
+            let mut feed = Feed::over(n, 4, Some(told.clone()));
+            let mut cuts = CutPoints::default();
+            let mut served = Vec::new();
+            for seq in 0..join {
+                served.push(feed.index_of(seq, &cuts).0);
+            }
+            cuts.add(join % n);
+            for k in 0..3 {
+                let epoch: Vec<u64> = (join + k * n..join + (k + 1) * n)
+                    .map(|s| feed.index_of(s, &cuts).0)
+                    .collect();
+                let distinct: HashSet<u64> = epoch.iter().copied().collect();
+                assert_eq!(distinct.len() as u64, n, "join {join}, own epoch {k}");
+                served.extend(epoch);
+            }
+            // Every producer-epoch's order was told, from its first sequence, as served.
+            let schedules = told.schedules.lock().unwrap();
+            for (seq, &index) in served.iter().enumerate() {
+                let (first, order) = &schedules[seq / n as usize];
+                assert_eq!(*first, (seq as u64 / n) * n);
+                assert_eq!(order[seq % n as usize], index, "join {join}, seq {seq}");
+            }
+            assert!(schedules.len() as u64 >= (join + 3 * n).div_ceil(n));
+        }
+        // Without a cut point, the first epoch's windows hold whole shards: its first 21
+        // positions are the samples of 3 shards.
+        let told = Arc::new(Told::default());
+        let mut feed = Feed::over(n, 9, Some(told));
+        let cuts = CutPoints::default();
+        let first: HashSet<u64> = (0..21).map(|s| feed.index_of(s, &cuts).0 / 7).collect();
+        assert_eq!(first.len(), 3, "{first:?}");
+    }
+
     #[test]
     fn epochs_are_reshuffled_even_with_cut_points() {
         let mut feed = Feed::new(100, 1);

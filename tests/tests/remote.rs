@@ -577,8 +577,22 @@ impl Moto {
 fn shards_in_an_s3_compatible_store_serve_exact_epochs_listed_by_prefix_and_fetched_once() {
     let mut fx = Fixture::new();
     let www = shards(&mut fx);
+    // A shard index beside the shards, for a feed that streams them.
+    let d = www.join("d");
+    let index = d.join("index.json");
+    let done = fx.run(
+        &[
+            "dataset",
+            "index",
+            d.to_str().unwrap(),
+            "--out",
+            index.to_str().unwrap(),
+        ],
+        GUARD,
+    );
+    assert!(done.status.success(), "{}", done.stderr);
     let Some(store) = moto(&fx) else { return };
-    store.upload(&www.join("d"), "photos", "train/");
+    store.upload(&d, "photos", "train/");
     let cache = fx.path().join("shards");
     let serve_s3 = |fx: &mut Fixture, name: &str, spec: &str| {
         let socket = fx.path().join(format!("{name}.sock"));
@@ -616,8 +630,12 @@ fn shards_in_an_s3_compatible_store_serve_exact_epochs_listed_by_prefix_and_fetc
     let (c, sc) = serve_s3(&mut fx, "c", "s3://photos/train/");
     wait_for_listener(&sc, GUARD, "a second feed of the prefix");
     consume(&mut fx, &sc, 1);
+    // The index's object: streamed, its shards' keys taken relative to it and signed.
+    let (e, se) = serve_s3(&mut fx, "e", "s3://photos/train/index.json");
+    wait_for_listener(&se, GUARD, "a feed of an S3 shard index");
+    consume(&mut fx, &se, 2);
     let mut said = Vec::new();
-    for i in [a, b, c] {
+    for i in [a, b, c, e] {
         fx.signal(i, 15);
         let done = fx.wait(i, GUARD);
         assert!(
@@ -637,6 +655,11 @@ fn shards_in_an_s3_compatible_store_serve_exact_epochs_listed_by_prefix_and_fetc
         said[2].contains("0 shards fetched") && said[2].contains("4 already"),
         "{}",
         said[2]
+    );
+    assert!(
+        said[3].contains("100 samples in shards streamed"),
+        "{}",
+        said[3]
     );
     // A bucket that does not exist: an error naming it, not the signed URL.
     let (d, _) = serve_s3(&mut fx, "d", "s3://nothing-here/x/");
