@@ -122,11 +122,16 @@ def wait_port(port: int, proc: subprocess.Popen, seconds: float = 60) -> None:
 
 
 class LatencyProxy:
-    """Relays to `upstream`, holding each chunk a client sends `delay` s before passing it."""
+    """Relays to `upstream`, holding each chunk a client sends `delay` s before passing it,
+    and (with `rate`) sending responses no faster than `rate` bytes/s in all: one link."""
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
         self.delay = 0.0
+        # Bytes per second over all responses together (0: as fast as they come), and when
+        # the link is next free.
+        self.rate = 0.0
+        self.free_at = 0.0
         self.bytes = 0
         self.gets = 0
         self.loop = asyncio.new_event_loop()
@@ -161,6 +166,10 @@ class LatencyProxy:
         async def downward() -> None:
             while data := await up_reader.read(1 << 20):
                 self.bytes += len(data)
+                if self.rate:
+                    now = self.loop.time()
+                    self.free_at = max(now, self.free_at) + len(data) / self.rate
+                    await asyncio.sleep(self.free_at - now)
                 writer.write(data)
                 await writer.drain()
             writer.close()

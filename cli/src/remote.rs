@@ -75,11 +75,14 @@ impl RemoteArgs {
                     eprintln!(
                         "{url}: {} samples in shards streamed into {}",
                         ladle_datasets::Dataset::len(&streamed),
-                        ladle_datasets::Dataset::root(&streamed).display()
+                        streamed.folder().display()
                     );
                     return Ok(Box::new(streamed));
                 }
-                self.fetch(url)?
+                let folder = self.fetch(url)?;
+                let opened = ladle_datasets::open(&folder)
+                    .with_context(|| format!("cannot read dataset {url}"))?;
+                return Ok(Box::new(ladle_fetch::Named::new(opened, url)));
             }
         };
         ladle_datasets::open(&local)

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 /// one node, as one user, reads the same feed. The image size is part of the transform.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeedRequest {
-    /// The dataset, as a canonical absolute path (links resolved), so that `data/`, `./data`
+    /// The dataset, as a canonical absolute path (links resolved), or a URL as written, so
+    /// that `data/`, `./data`
     /// and a link to it name one feed.
     pub dataset: PathBuf,
     /// The transform pipeline in its canonical spelling (as `ladle serve --transform` takes
@@ -58,12 +59,17 @@ impl FeedRequest {
     /// # Errors
     /// [`RequestError::Dataset`] when the path does not resolve.
     pub fn new(dataset: &Path, transform: String, seed: u64) -> Result<Self, RequestError> {
-        let dataset = dataset
-            .canonicalize()
-            .map_err(|source| RequestError::Dataset {
-                path: dataset.into(),
-                source,
-            })?;
+        // A dataset by URL is named as written (its feed's shard cache folder is too).
+        let url = dataset.to_str().filter(|d| ladle_os::fs::is_url(d));
+        let dataset = match url {
+            Some(_) => dataset.to_path_buf(),
+            None => dataset
+                .canonicalize()
+                .map_err(|source| RequestError::Dataset {
+                    path: dataset.into(),
+                    source,
+                })?,
+        };
         Ok(Self {
             dataset,
             transform,
@@ -177,6 +183,18 @@ pub fn serve_args(request: &FeedRequest, options: &StartOptions) -> Vec<OsString
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dataset_by_url_is_named_as_written_and_matches_a_feed_serving_that_url() {
+        let url = "https://data.example/train/index.json";
+        let request = FeedRequest::new(Path::new(url), "t".into(), 1).unwrap();
+        assert_eq!(request.dataset, Path::new(url));
+        assert_eq!(request.difference(&identity(url, "t", 1)), None);
+        let other = FeedRequest::new(Path::new("s3://b/train/index.json"), "t".into(), 1);
+        assert_ne!(other.unwrap().key(), request.key());
+        // A path that merely contains "://" later is still a path (and must exist).
+        assert!(FeedRequest::new(Path::new("./no/such:/x://y"), "t".into(), 1).is_err());
+    }
 
     fn identity(source: &str, transform: &str, seed: u64) -> FeedIdentity {
         FeedIdentity {

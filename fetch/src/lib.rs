@@ -22,6 +22,7 @@
 
 pub mod http;
 pub mod index;
+pub mod named;
 pub mod s3;
 pub mod spec;
 pub mod stream;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+pub use named::Named;
 pub use s3::S3Env;
 pub use spec::{RemoteSpec, Shards, SpecError, is_remote};
 pub use stream::{StreamStats, StreamedDataset};
@@ -271,6 +273,11 @@ fn prepare(spec: &RemoteSpec, options: &FetchOptions) -> Result<(PathBuf, InUse)
         let path = path.to_path_buf();
         move |source| FetchError::Io { path, source }
     };
+    // `~/.cache/ladle` may not exist on a fresh machine: its folders are made as usual, the
+    // shard cache itself private.
+    if let Some(parent) = options.cache.dir.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
     ladle_os::fs::private_dir(&options.cache.dir).map_err(|e| FetchError::Io {
         path: options.cache.dir.clone(),
         source: std::io::Error::other(e.to_string()),

@@ -72,12 +72,7 @@ pub const MAX_SHARDS: usize = 1 << 20;
 
 /// Whether `dataset` names a remote dataset (`scheme://`), not a local path.
 pub fn is_remote(dataset: &str) -> bool {
-    dataset.split_once("://").is_some_and(|(scheme, _)| {
-        !scheme.is_empty()
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '+')
-    })
+    ladle_os::fs::is_url(dataset)
 }
 
 impl RemoteSpec {

@@ -8,9 +8,10 @@
 //!   ([`Streamed::schedule`]) and how far its decoders are ([`Streamed::reached`]: the
 //!   ring's head, before which everything is decoded).
 //! - **Fetching**: a thread of its own runs a tokio runtime. It walks the order from where
-//!   the decoders are and fetches the next shards not on disk, at most `concurrency` at once,
-//!   while what is on disk and in flight fits the shard cache's budget; a decoder that asks
-//!   for a shard not there goes first. Each shard goes to a `.part` file and is renamed when
+//!   the decoders are and fetches the next shards not on disk, at most `concurrency` at once
+//!   and no further ahead than a window's worth of shards (shards in flight together share
+//!   the link), while what is on disk and in flight fits the shard cache's budget; a decoder
+//!   that asks for a shard not there goes first. Each shard goes to a `.part` file and is renamed when
 //!   whole, as [`crate::fetch`] does; another feed of the dataset on the node waits on the
 //!   shard's lock and finds it there (one GET per shard per node while it stays).
 //! - **Eviction**: to make room, a shard no decoder holds and not among the next ones the
@@ -96,6 +97,8 @@ struct Inner {
     wake: tokio::sync::Notify,
     reached: AtomicU64,
     stop: AtomicBool,
+    /// Whether the fetcher thread runs (a reader waiting for a shard gives up when not).
+    running: AtomicBool,
     counters: Arc<Counters>,
     evicted: AtomicU64,
     peak: AtomicU64,
@@ -120,7 +123,9 @@ pub struct StreamStats {
 #[derive(Debug)]
 pub struct StreamedDataset {
     inner: Arc<Inner>,
+    /// The URL as written (the feed's source); the shards lie in `folder`.
     root: PathBuf,
+    folder: PathBuf,
     starts: Vec<u64>,
     len: u64,
     classes: Vec<String>,
@@ -232,6 +237,7 @@ impl StreamedDataset {
             wake: tokio::sync::Notify::new(),
             reached: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            running: AtomicBool::new(true),
             counters: Arc::new(Counters::default()),
             evicted: AtomicU64::new(0),
             peak: AtomicU64::new(0),
@@ -251,13 +257,19 @@ impl StreamedDataset {
         );
         Ok(Self {
             inner,
-            root: dir,
+            root: PathBuf::from(&spec.spec),
+            folder: dir,
             starts,
             len: at,
             classes,
             fetcher: Some(fetcher),
             _in_use: in_use,
         })
+    }
+
+    /// The shard cache's folder its shards are fetched into.
+    pub fn folder(&self) -> &Path {
+        &self.folder
     }
 
     /// What it has done so far.
@@ -299,6 +311,10 @@ impl StreamedDataset {
                 }
                 Slot::Absent | Slot::Fetching => None,
             };
+            let failed = failed.or_else(|| {
+                (!inner.running.load(Ordering::SeqCst))
+                    .then(|| "the dataset's fetcher has stopped".to_owned())
+            });
             if let Some(why) = failed {
                 return Err(SampleError::Io {
                     location: format!("{}#{k}", inner.shards[shard].name),
@@ -458,7 +474,9 @@ impl Streamed for Inner {
     fn schedule(&self, first: u64, order: Arc<[u64]>) {
         let mut state = self.lock();
         state.schedules.push_back((first, order));
-        while state.schedules.len() > 3 {
+        // The epoch being decoded and the next: the feed builds an epoch's order when it
+        // hands out its first sequence, while the decoders finish the one before.
+        while state.schedules.len() > 2 {
             state.schedules.pop_front();
         }
         drop(state);
@@ -492,6 +510,12 @@ impl Inner {
 
     /// The fetcher thread.
     fn run(self: Arc<Self>) {
+        self.fetch_until_stopped();
+        self.running.store(false, Ordering::SeqCst);
+        self.arrived.notify_all();
+    }
+
+    fn fetch_until_stopped(self: &Arc<Self>) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -582,9 +606,25 @@ impl Inner {
             .count();
         let mut room = self.concurrency.saturating_sub(fetching);
         let mut jobs = Vec::new();
+        // Shards needed before this one that are not on disk yet: no more than a window of
+        // them are fetched at once (shards fetched together share the link, so those needed
+        // first would arrive later), and the next window's come once the current one's are
+        // here, while it is decoded.
+        let mut not_here = 0;
+        let mut seen = HashSet::new();
         for shard in urgent.iter().chain(&upcoming).copied() {
             if room == 0 {
                 break;
+            }
+            if !seen.insert(shard) {
+                continue;
+            }
+            let needed_at = rank_of(shard);
+            if !matches!(state.slots[shard], Slot::Here { .. }) {
+                if not_here >= self.grouping.window && needed_at != 0 {
+                    break;
+                }
+                not_here += 1;
             }
             match &state.slots[shard] {
                 Slot::Absent => {}
@@ -592,7 +632,6 @@ impl Inner {
                 _ => continue,
             }
             let size = self.shards[shard].filesize;
-            let needed_at = rank_of(shard);
             while state.on_disk + state.in_flight + size > self.budget {
                 if !self.evict_one(&mut state, needed_at, &rank_of) {
                     break;

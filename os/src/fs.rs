@@ -7,6 +7,18 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+/// Whether a dataset string names a URL (`scheme://…`: `http`, `https`, `s3`, …), which is
+/// fetched, not a path, which is opened: the one test every layer that takes a dataset
+/// string uses.
+pub fn is_url(dataset: &str) -> bool {
+    dataset.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '+')
+    })
+}
+
 /// Opens `path` for reading with `O_NONBLOCK`: the open of a FIFO returns at once instead of
 /// waiting for a writer. Reads of a regular file are unaffected by the flag.
 pub fn open_nonblocking(path: &Path) -> io::Result<File> {

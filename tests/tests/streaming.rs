@@ -281,3 +281,55 @@ fn an_index_promising_more_than_a_shard_holds_gives_bad_samples_naming_it_and_a_
         done.stderr
     );
 }
+
+#[test]
+fn consumers_naming_a_dataset_by_url_start_one_feed_on_demand_and_share_it() {
+    let mut fx = Fixture::new();
+    let (www, _) = indexed_shards(&mut fx);
+    let Some(web) = nginx_with(&fx, &www, &Serving::default()) else {
+        return;
+    };
+    // The feeds started on demand keep their shards under $XDG_CACHE_HOME/ladle/shards.
+    let cache = fx.path().join("cache");
+    for url in [
+        format!("http://127.0.0.1:{}/d/index.json", web.port),
+        format!(
+            "http://127.0.0.1:{}/d/shard-{{000000..000007}}.tar",
+            web.port
+        ),
+    ] {
+        // The first starts the feed; the second joins it (the registry's key is the URL as
+        // written, and so is the feed's source).
+        for _ in 0..2 {
+            let mut command = std::process::Command::new(ladle_tests::ladle_bin());
+            command
+                .args(["consume", "--dataset", &url, "--image-size", "32"])
+                .args(["--epochs", "1", "--json"])
+                .env("LADLE_REGISTRY_DIR", fx.registry())
+                .env("XDG_CACHE_HOME", &cache);
+            let i = fx.start(&mut command);
+            let done = fx.wait(i, GUARD);
+            assert!(done.status.success(), "{url}: {}", done.stderr);
+            done.assert_exact(1, "a consumer naming a dataset by URL");
+        }
+    }
+    let listed = fx.run(&["feeds", "ls"], GUARD);
+    assert!(listed.status.success(), "{}", listed.stderr);
+    let feeds: Vec<&str> = listed
+        .stdout
+        .lines()
+        .filter(|l| l.contains("http://"))
+        .collect();
+    assert_eq!(feeds.len(), 2, "one feed per URL: {}", listed.stdout);
+    // Each shard fetched once for the index's feed and once for the braces' (two shard
+    // cache folders: two spellings).
+    let gets = web.gets();
+    assert!(
+        gets.iter()
+            .filter(|(p, _)| p.ends_with(".tar"))
+            .all(|(_, &n)| n == 2),
+        "{gets:?}"
+    );
+    assert!(cache.join("ladle/shards").is_dir());
+    let _ = fx.run(&["feeds", "stop", "--all"], GUARD);
+}
