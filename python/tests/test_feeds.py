@@ -157,3 +157,50 @@ def test_a_consumer_leaving_its_block_by_an_exception_lets_the_feed_go_on(regist
         assert stats["consumers"] == [] and stats["let_gos"] == 0, stats
         key = feed.entry["key"]
     wait_gone(registry, key)
+
+
+def test_a_dataset_by_url_starts_its_feed_on_demand_and_reads_exact_epochs(
+    registry, ladle_bin, tmp_path, monkeypatch
+):
+    """``dataset=`` takes a URL: a shard index on a real web server (Python's own
+    ``http.server``), streamed into a shard cache under ``$XDG_CACHE_HOME``."""
+    import socket as socketlib
+
+    shards = tmp_path / "www"
+    subprocess.run(
+        [ladle_bin, "dataset", "generate", "--format", "wds", "--count", "100", "--shard-size",
+         "25", "--width", "40", "--height", "32", "--out", shards],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([ladle_bin, "dataset", "index", shards, "--out", shards / "index.json"],
+                   check=True, stderr=subprocess.DEVNULL)
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", shards], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socketlib.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "http.server never listened"
+                time.sleep(0.05)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        url = f"http://127.0.0.1:{port}/index.json"
+        with ladle.Consumer(batch_size=16, **ask(url, idle_timeout=0.5)) as consumer:
+            for _ in range(2):
+                seen = []
+                for batch in consumer:
+                    seen.extend(indices(batch))
+                    del batch
+                exact_epoch(seen, 100)
+        entries = registry_entries(registry)
+        assert [e["request"]["dataset"] for e in entries] == [url], entries
+        assert (tmp_path / "cache" / "ladle" / "shards").is_dir()
+        wait_gone(registry, entries[0]["key"])
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
