@@ -68,10 +68,20 @@ struct Local {
 
 #[derive(Debug)]
 enum Slot {
+    /// Not indexed; on disk or not (`State::counted`).
     Absent,
-    Fetching,
-    Here { local: Arc<Local>, used: u64 },
-    Failed { why: String, at: Instant },
+    /// Being fetched (or found on disk and indexed): `reserved` bytes counted in flight.
+    Fetching {
+        reserved: u64,
+    },
+    Here {
+        local: Arc<Local>,
+        used: u64,
+    },
+    Failed {
+        why: String,
+        at: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -80,6 +90,9 @@ struct State {
     schedules: VecDeque<(u64, Arc<[u64]>)>,
     urgent: BTreeSet<usize>,
     tick: u64,
+    /// Bytes of each shard's file counted in `on_disk` (a file found there when the dataset
+    /// was opened counts before it is indexed).
+    counted: Vec<u64>,
     on_disk: u64,
     in_flight: u64,
 }
@@ -195,6 +208,12 @@ impl StreamedDataset {
         }
         let classes = index.classes.clone().unwrap_or_default();
         let n = shards.len();
+        // Shards left by an earlier feed of this dataset (a restarted producer): read where
+        // they are, and counted against the budget from the start.
+        let counted: Vec<u64> = (shards.iter())
+            .map(|s| std::fs::metadata(&s.file).map_or(0, |m| m.len()))
+            .collect();
+        let on_disk = counted.iter().sum();
         // A window and the next one's first shards must fit the budget together, or the
         // decoders would wait on shards evicted for each other.
         let largest = shards.iter().map(|s| s.filesize).max().unwrap_or(1).max(1);
@@ -230,7 +249,8 @@ impl StreamedDataset {
                 schedules: VecDeque::new(),
                 urgent: BTreeSet::new(),
                 tick: 0,
-                on_disk: 0,
+                counted,
+                on_disk,
                 in_flight: 0,
             }),
             arrived: Condvar::new(),
@@ -309,7 +329,7 @@ impl StreamedDataset {
                     state.slots[shard] = Slot::Absent;
                     None
                 }
-                Slot::Absent | Slot::Fetching => None,
+                Slot::Absent | Slot::Fetching { .. } => None,
             };
             let failed = failed.or_else(|| {
                 (!inner.running.load(Ordering::SeqCst))
@@ -557,11 +577,14 @@ impl Inner {
     fn arrive(&self, (shard, got): Done) {
         let mut state = self.lock();
         let info = &self.shards[shard];
-        state.in_flight = state.in_flight.saturating_sub(info.filesize);
+        if let Slot::Fetching { reserved } = state.slots[shard] {
+            state.in_flight = state.in_flight.saturating_sub(reserved);
+        }
         state.slots[shard] = match got {
             Ok(local) => {
                 let bytes = local.file.metadata().map_or(info.filesize, |m| m.len());
-                state.on_disk += bytes;
+                state.on_disk = (state.on_disk + bytes).saturating_sub(state.counted[shard]);
+                state.counted[shard] = bytes;
                 state.tick += 1;
                 Slot::Here {
                     local: Arc::new(local),
@@ -602,7 +625,7 @@ impl Inner {
             }
         };
         let fetching = (state.slots.iter())
-            .filter(|s| matches!(s, Slot::Fetching))
+            .filter(|s| matches!(s, Slot::Fetching { .. }))
             .count();
         let mut room = self.concurrency.saturating_sub(fetching);
         let mut jobs = Vec::new();
@@ -631,7 +654,10 @@ impl Inner {
                 Slot::Failed { at, .. } if at.elapsed() >= FAILED_FOR => {}
                 _ => continue,
             }
-            let size = self.shards[shard].filesize;
+            // What it adds: none of a file already on disk.
+            let size = self.shards[shard]
+                .filesize
+                .saturating_sub(state.counted[shard]);
             while state.on_disk + state.in_flight + size > self.budget {
                 if !self.evict_one(&mut state, needed_at, &rank_of) {
                     break;
@@ -656,7 +682,7 @@ impl Inner {
                     }
                 },
             };
-            state.slots[shard] = Slot::Fetching;
+            state.slots[shard] = Slot::Fetching { reserved: size };
             state.in_flight += size;
             let peak = state.on_disk + state.in_flight;
             self.peak.fetch_max(peak, Ordering::Relaxed);
@@ -719,6 +745,10 @@ impl Inner {
                 Slot::Here { local, used } if Arc::strong_count(local) == 1 => {
                     Some((rank_of(i), std::cmp::Reverse(*used), i))
                 }
+                // On disk from before, not indexed: the oldest of all.
+                Slot::Absent | Slot::Failed { .. } if state.counted[i] > 0 => {
+                    Some((rank_of(i), std::cmp::Reverse(0), i))
+                }
                 _ => None,
             })
             .max();
@@ -729,9 +759,9 @@ impl Inner {
             return false;
         }
         let info = &self.shards[shard];
-        let bytes = std::fs::metadata(&info.file).map_or(info.filesize, |m| m.len());
         let _ = std::fs::remove_file(&info.file);
-        state.on_disk = state.on_disk.saturating_sub(bytes);
+        state.on_disk = state.on_disk.saturating_sub(state.counted[shard]);
+        state.counted[shard] = 0;
         state.slots[shard] = Slot::Absent;
         self.evicted.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(shard = %info.name, "removed a shard from disk to keep the budget");

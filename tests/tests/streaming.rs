@@ -102,7 +102,8 @@ fn shard_gets(gets: &std::collections::BTreeMap<String, usize>) -> usize {
 }
 
 #[test]
-fn the_first_batch_comes_while_shards_are_still_arriving_and_each_shard_is_fetched_once() {
+fn the_first_batch_comes_while_shards_are_still_arriving_and_each_shard_is_fetched_once_restarts_included()
+ {
     let mut fx = Fixture::new();
     let (www, _) = indexed_shards(&mut fx);
     // Each shard takes about two seconds to send; two at a time, the eight take eight.
@@ -150,6 +151,17 @@ fn the_first_batch_comes_while_shards_are_still_arriving_and_each_shard_is_fetch
         "{}",
         done.stderr
     );
+    // A restarted feed finds the shards on disk: an exact epoch, no shard fetched again.
+    let (again, socket) = serve(&mut fx, &url, &[]);
+    wait_for_listener(&socket, GUARD, "the restarted feed");
+    let args = consume_args(&socket, 1);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let done = fx.run(&args, GUARD);
+    assert!(done.status.success(), "{}", done.stderr);
+    done.assert_exact(1, "a consumer of the restarted feed");
+    assert_eq!(shard_gets(&web.gets()), 8, "{:?}", web.gets());
+    fx.signal(again, 15);
+    fx.wait(again, GUARD);
 }
 
 /// The bytes of shards (whole and `.part`) under `dir`.
