@@ -170,30 +170,21 @@ pub fn index_one(path: &Path) -> Result<(std::fs::File, Vec<TarSample>), OpenErr
     let (file, _) = super::open_index_file(path)?;
     let mut problems = Vec::new();
     let found = index_shard(0, path, &file, &mut problems)?;
-    let mut order: Vec<(u64, TarSample)> = Vec::new();
-    for m in found.labelled {
-        order.push((
-            m.offset,
-            TarSample {
-                name: m.name,
-                offset: m.offset,
-                len: m.len,
-                label: Ok(m.label),
-            },
-        ));
-    }
-    for m in found.unlabelled {
+    let sample = |m: Member, label| TarSample {
+        name: m.name,
+        offset: m.offset,
+        len: m.len,
+        label,
+    };
+    let mut order: Vec<TarSample> = Vec::new();
+    order.extend(found.labelled.into_iter().map(|m| {
+        let label = Ok(m.label);
+        sample(m, label)
+    }));
+    order.extend(found.unlabelled.into_iter().map(|m| {
         let location = format!("{}:{}", path.display(), m.name);
-        order.push((
-            m.offset,
-            TarSample {
-                name: m.name,
-                offset: m.offset,
-                len: m.len,
-                label: Err(SampleError::MissingLabel { location }),
-            },
-        ));
-    }
+        sample(m, Err(SampleError::MissingLabel { location }))
+    }));
     // A bad label or a member cut off by the end of the file leaves its image out (the
     // samples after it move up; the reader reports the shortfall at the shard's end).
     for problem in problems {
@@ -201,8 +192,8 @@ pub fn index_one(path: &Path) -> Result<(std::fs::File, Vec<TarSample>), OpenErr
             tracing::warn!("{problem}");
         }
     }
-    order.sort_by_key(|(offset, _)| *offset);
-    Ok((file, order.into_iter().map(|(_, s)| s).collect()))
+    order.sort_by_key(|s| s.offset);
+    Ok((file, order))
 }
 
 /// The class of an image stored as `CLASS/…/NAME.ext` (a leading `./` ignored).
@@ -435,6 +426,33 @@ mod tests {
             tar.append_data(&mut header, name, *data).unwrap();
         }
         tar.finish().unwrap();
+    }
+
+    #[test]
+    fn one_shard_indexed_alone_lists_its_images_in_tar_order_with_labels_or_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.tar");
+        shard(
+            &path,
+            &[
+                ("b.jpg", b"JPG1"),
+                ("b.cls", b"3"),
+                ("a.jpg", b"JPG22"),
+                ("meta.json", b"{}"),
+                ("c.png", b"PNG"),
+                ("c.cls", b"0"),
+            ],
+        );
+        let (_, samples) = super::index_one(&path).unwrap();
+        let names: Vec<&str> = samples.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["b.jpg", "a.jpg", "c.png"]);
+        assert_eq!(samples[0].label.as_ref().ok(), Some(&3));
+        assert!(matches!(
+            &samples[1].label,
+            Err(crate::SampleError::MissingLabel { location }) if location.ends_with("s.tar:a.jpg")
+        ));
+        assert_eq!(samples[2].label.as_ref().ok(), Some(&0));
+        assert_eq!((samples[1].len, samples[2].len), (5, 3));
     }
 
     #[test]
