@@ -138,25 +138,11 @@ pub(crate) fn run(cmd: DatasetCommand) -> anyhow::Result<()> {
 }
 
 fn index_cmd(args: IndexArgs) -> anyhow::Result<()> {
-    let shards: Vec<PathBuf> = if args.path.is_file() {
-        vec![args.path.clone()]
-    } else {
-        let mut shards: Vec<PathBuf> = std::fs::read_dir(&args.path)
-            .with_context(|| format!("cannot list {}", args.path.display()))?
-            .filter_map(|e| Some(e.ok()?.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "tar") && p.is_file())
-            .collect();
-        shards.sort();
-        shards
-    };
+    // The shards and class names a feed of the folder would read.
+    let (folder, shards) = ladle_datasets::wds::shard_paths(&args.path)?;
     if shards.is_empty() {
         bail!("{}: no .tar shards there", args.path.display());
     }
-    let folder = if args.path.is_file() {
-        args.path.parent().unwrap_or(Path::new(".")).to_path_buf()
-    } else {
-        args.path.clone()
-    };
     let bar = progress::bar(shards.len() as u64, "index");
     let mut shardlist = Vec::new();
     let mut max_label = -1i64;
@@ -167,7 +153,7 @@ fn index_cmd(args: IndexArgs) -> anyhow::Result<()> {
             bail!("{}: no images in this shard", shard.display());
         }
         for sample in &samples {
-            if let Ok(label) = sample.label {
+            if let Some(label) = sample.label {
                 max_label = max_label.max(label);
             }
         }
@@ -182,18 +168,8 @@ fn index_cmd(args: IndexArgs) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let classes_file = folder.join("classes.txt");
-    let classes = if classes_file.is_file() {
-        std::fs::read_to_string(&classes_file)
-            .with_context(|| format!("cannot read {}", classes_file.display()))?
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect()
-    } else {
-        (0..=max_label).map(|l| l.to_string()).collect()
-    };
+    let classes = ladle_datasets::wds::named_classes(folder)?
+        .unwrap_or_else(|| (0..=max_label).map(|l| l.to_string()).collect());
     let index = ladle_fetch::index::ShardIndex {
         kind: ladle_fetch::index::KIND.to_owned(),
         name: args.name.or_else(|| {

@@ -210,14 +210,17 @@ pub fn fetch(
             ),
         })?;
     let shards = resolve(spec, options, &dir)?;
-    let width = shards.len().to_string().len().max(6);
     let mut jobs = Vec::new();
     let mut reused = 0;
     let mut wanted = std::collections::BTreeSet::new();
     for (i, (name, url)) in shards.iter().enumerate() {
-        let file = format!("{i:0width$}-{}", file_name_of(name));
-        let to = dir.join(&file);
-        wanted.insert(file);
+        let to = shard_file(&dir, i, shards.len(), name);
+        wanted.insert(
+            to.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
         if to.is_file() {
             reused += 1;
         } else {
@@ -288,6 +291,13 @@ fn prepare(spec: &RemoteSpec, options: &FetchOptions) -> Result<(PathBuf, InUse)
     // The cache's least-recently-used order is that of these files' times.
     let _ = held.set_modified(std::time::SystemTime::now());
     Ok((dir, InUse { _file: held }))
+}
+
+/// Shard `i` of `count`'s file in `dir`: its number, zero-padded, then [`file_name_of`] its
+/// name.
+fn shard_file(dir: &Path, i: usize, count: usize, name: &str) -> PathBuf {
+    let width = count.to_string().len().max(6);
+    dir.join(format!("{i:0width$}-{}", file_name_of(name)))
 }
 
 /// A shard's file name in the cache (after its number): the last part of its name, with

@@ -14,9 +14,10 @@
 //!   that asks for a shard not there goes first. Each shard goes to a `.part` file and is renamed when
 //!   whole, as [`crate::fetch`] does; another feed of the dataset on the node waits on the
 //!   shard's lock and finds it there (one GET per shard per node while it stays).
-//! - **Eviction**: to make room, a shard no decoder holds and not among the next ones the
-//!   order needs is removed, least recently read first. A dataset that fits the budget is
-//!   fetched once; one that does not is fetched again each epoch, a window at a time.
+//! - **Eviction**: to make room, the shard needed last by the known order (or not at all) is
+//!   removed if that is later than the one fetched (Belady's rule); never one a decoder is
+//!   reading, nor one another feed of the node is fetching or opening (its lock). A dataset
+//!   that fits the budget is fetched once; one that does not is fetched again each epoch.
 //! - **Failure**: a shard that cannot be fetched (after the retries) makes its samples bad
 //!   samples naming its URL, for 30 s; then it is tried again.
 
@@ -91,6 +92,8 @@ struct State {
     slots: Vec<Slot>,
     schedules: VecDeque<(u64, Arc<[u64]>)>,
     urgent: BTreeSet<usize>,
+    /// Shards whose lock another feed held when this one went to remove them (this plan).
+    adopting: BTreeSet<usize>,
     tick: u64,
     /// Bytes of each shard's file counted in `on_disk` (a file found there when the dataset
     /// was opened counts before it is indexed).
@@ -179,7 +182,6 @@ impl StreamedDataset {
             why: e.why,
         })?;
         let urls = index.resolve(&index_url);
-        let width = urls.len().to_string().len().max(6);
         let mut shards = Vec::with_capacity(urls.len());
         for (i, (url, entry)) in urls.iter().zip(&index.shardlist).enumerate() {
             let from = match url.strip_prefix("s3://") {
@@ -195,7 +197,7 @@ impl StreamedDataset {
             shards.push(ShardInfo {
                 name: url.clone(),
                 from,
-                file: dir.join(format!("{i:0width$}-{}", crate::file_name_of(url))),
+                file: crate::shard_file(&dir, i, urls.len(), url),
                 nsamples: entry.nsamples,
                 filesize: entry.filesize,
             });
@@ -250,6 +252,7 @@ impl StreamedDataset {
                 slots: (0..n).map(|_| Slot::Absent).collect(),
                 schedules: VecDeque::new(),
                 urgent: BTreeSet::new(),
+                adopting: BTreeSet::new(),
                 tick: 0,
                 counted,
                 on_disk,
@@ -389,18 +392,6 @@ impl Drop for StreamedDataset {
     }
 }
 
-fn label_error(e: &SampleError) -> SampleError {
-    match e {
-        SampleError::MissingLabel { location } => SampleError::MissingLabel {
-            location: location.clone(),
-        },
-        other => SampleError::Io {
-            location: String::new(),
-            source: std::io::Error::other(other.to_string()),
-        },
-    }
-}
-
 impl Dataset for StreamedDataset {
     fn format(&self) -> Format {
         Format::WebDataset
@@ -421,7 +412,9 @@ impl Dataset for StreamedDataset {
     fn label(&self, index: u64) -> Result<i64, SampleError> {
         let (local, shard, k) = self.local(index)?;
         let sample = self.sample(&local, shard, k)?;
-        sample.label.as_ref().copied().map_err(label_error)
+        sample.label.ok_or_else(|| SampleError::MissingLabel {
+            location: format!("{}:{}", self.inner.shards[shard].name, sample.name),
+        })
     }
 
     fn location(&self, index: u64) -> String {

@@ -55,7 +55,12 @@ fn indexed_shards(fx: &mut Fixture) -> (PathBuf, serde_json::Value) {
 
 /// Starts `ladle serve` of `url` with `extra`; returns its index and socket.
 fn serve(fx: &mut Fixture, url: &str, extra: &[&str]) -> (usize, PathBuf) {
-    let socket = fx.path().join("feed.sock");
+    serve_as(fx, "feed", url, extra)
+}
+
+/// [`serve`] on `name`.sock.
+fn serve_as(fx: &mut Fixture, name: &str, url: &str, extra: &[&str]) -> (usize, PathBuf) {
+    let socket = fx.path().join(format!("{name}.sock"));
     let cache = fx.path().join("shards");
     let mut command = std::process::Command::new(ladle_tests::ladle_bin());
     command
@@ -249,6 +254,55 @@ fn a_dataset_larger_than_the_shard_cache_budget_streams_exact_epochs_never_holdi
         "{}",
         done.stderr
     );
+}
+
+#[test]
+fn two_feeds_of_a_dataset_over_the_budget_sharing_one_shard_cache_lose_no_sample_to_each_others_evictions()
+ {
+    let mut fx = Fixture::new();
+    let (www, index) = indexed_shards(&mut fx);
+    let Some(web) = nginx_with(&fx, &www, &Serving::default()) else {
+        return;
+    };
+    let largest = (index["shardlist"].as_array().unwrap().iter())
+        .map(|s| s["filesize"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let gib = format!("{:.12}", (4 * largest) as f64 / f64::from(1u32 << 30));
+    let url = format!("http://127.0.0.1:{}/d/index.json", web.port);
+    // Two seeds: two orders over one folder of shards, each feed fetching, adopting and
+    // removing shards the other may be about to read.
+    let feeds: Vec<(usize, PathBuf)> = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let seed = (k + 1).to_string();
+            serve_as(
+                &mut fx,
+                name,
+                &url,
+                &["--shard-cache-gib", &gib, "--seed", &seed],
+            )
+        })
+        .collect();
+    let mut consumers = Vec::new();
+    for (_, socket) in &feeds {
+        wait_for_listener(socket, GUARD, "a feed of a dataset over the budget");
+        let mut command = std::process::Command::new(ladle_tests::ladle_bin());
+        command.args(consume_args(socket, 3));
+        consumers.push(fx.start(&mut command));
+    }
+    for consumer in consumers {
+        let done = fx.wait(consumer, GUARD);
+        assert!(done.status.success(), "{}", done.stderr);
+        for epoch in done.assert_exact(3, "a consumer of one of two feeds over the budget") {
+            assert_eq!(epoch["bad_samples"], 0, "{epoch}");
+        }
+    }
+    for (feed, _) in feeds {
+        fx.signal(feed, 15);
+        fx.wait(feed, GUARD);
+    }
 }
 
 #[test]

@@ -76,21 +76,8 @@ fn split_key(path: &str) -> (&str, &str) {
 impl WebDataset {
     /// Indexes one `.tar` shard or a directory of them.
     pub fn open(path: &Path) -> Result<Self, OpenError> {
-        let (dir, shard_paths): (&Path, Vec<PathBuf>) = if path.is_file() {
-            (path.parent().unwrap_or(Path::new(".")), vec![path.into()])
-        } else {
-            let shards = list_dir(path)?
-                .into_iter()
-                .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "tar"))
-                .collect();
-            (path, shards)
-        };
-        let classes_file = dir.join("classes.txt");
-        let named_classes = if classes_file.is_file() {
-            Some(read_class_names(&classes_file)?)
-        } else {
-            None
-        };
+        let (dir, shard_paths) = shard_paths(path)?;
+        let named_classes = named_classes(dir)?;
 
         let mut shards = Vec::new();
         let mut members = Vec::new();
@@ -150,6 +137,29 @@ impl WebDataset {
     }
 }
 
+/// The folder and the `.tar` shards of `path` (one `.tar` file, or a folder of them, in name
+/// order).
+pub fn shard_paths(path: &Path) -> Result<(&Path, Vec<PathBuf>), OpenError> {
+    if path.is_file() {
+        return Ok((path.parent().unwrap_or(Path::new(".")), vec![path.into()]));
+    }
+    let shards = list_dir(path)?
+        .into_iter()
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "tar"))
+        .collect();
+    Ok((path, shards))
+}
+
+/// The class names of a `classes.txt` in `dir`, if there is one.
+pub fn named_classes(dir: &Path) -> Result<Option<Vec<String>>, OpenError> {
+    let classes_file = dir.join("classes.txt");
+    if classes_file.is_file() {
+        Ok(Some(read_class_names(&classes_file)?))
+    } else {
+        Ok(None)
+    }
+}
+
 /// One image of a shard indexed on its own ([`index_one`]).
 #[derive(Debug)]
 pub struct TarSample {
@@ -159,8 +169,8 @@ pub struct TarSample {
     pub offset: u64,
     /// Its size.
     pub len: u64,
-    /// Its label, or why it has none ([`SampleError::MissingLabel`], a bad one).
-    pub label: Result<i64, SampleError>,
+    /// Its label; `None` for an image without a `.cls` member.
+    pub label: Option<i64>,
 }
 
 /// Indexes one shard on its own, for a dataset whose shards arrive one by one (a dataset by
@@ -178,13 +188,10 @@ pub fn index_one(path: &Path) -> Result<(std::fs::File, Vec<TarSample>), OpenErr
     };
     let mut order: Vec<TarSample> = Vec::new();
     order.extend(found.labelled.into_iter().map(|m| {
-        let label = Ok(m.label);
+        let label = Some(m.label);
         sample(m, label)
     }));
-    order.extend(found.unlabelled.into_iter().map(|m| {
-        let location = format!("{}:{}", path.display(), m.name);
-        sample(m, Err(SampleError::MissingLabel { location }))
-    }));
+    order.extend(found.unlabelled.into_iter().map(|m| sample(m, None)));
     // A bad label or a member cut off by the end of the file leaves its image out (the
     // samples after it move up; the reader reports the shortfall at the shard's end).
     for problem in problems {
@@ -446,12 +453,8 @@ mod tests {
         let (_, samples) = super::index_one(&path).unwrap();
         let names: Vec<&str> = samples.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["b.jpg", "a.jpg", "c.png"]);
-        assert_eq!(samples[0].label.as_ref().ok(), Some(&3));
-        assert!(matches!(
-            &samples[1].label,
-            Err(crate::SampleError::MissingLabel { location }) if location.ends_with("s.tar:a.jpg")
-        ));
-        assert_eq!(samples[2].label.as_ref().ok(), Some(&0));
+        let labels: Vec<Option<i64>> = samples.iter().map(|s| s.label).collect();
+        assert_eq!(labels, [Some(3), None, Some(0)]);
         assert_eq!((samples[1].len, samples[2].len), (5, 3));
     }
 

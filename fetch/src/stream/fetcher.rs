@@ -52,8 +52,19 @@ impl Inner {
         let client = http::http_client();
         runtime.block_on(async {
             let mut tasks: tokio::task::JoinSet<Done> = tokio::task::JoinSet::new();
+            // Planning walks the order ahead: only when a fetch ended, someone woke the
+            // fetcher (a new order, a decoder waiting) or the decoders moved on.
+            let mut planned_at = None;
+            let mut changed = true;
             while !self.stop.load(Ordering::SeqCst) {
-                for (shard, job) in self.plan() {
+                let reached = self.reached.load(Ordering::Relaxed);
+                let jobs = if changed || planned_at != Some(reached) {
+                    planned_at = Some(reached);
+                    self.plan(reached)
+                } else {
+                    Vec::new()
+                };
+                for (shard, job) in jobs {
                     let (client, counters, retry) =
                         (client.clone(), self.counters.clone(), self.retry);
                     let info_file = self.shards[shard].file.clone();
@@ -62,15 +73,16 @@ impl Inner {
                         (shard, got)
                     });
                 }
-                tokio::select! {
+                changed = tokio::select! {
                     Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                         if let Ok(done) = done {
                             self.arrive(done);
                         }
+                        true
                     }
-                    () = self.wake.notified() => {}
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                }
+                    () = self.wake.notified() => true,
+                    () = tokio::time::sleep(Duration::from_millis(20)) => false,
+                };
             }
             tasks.abort_all();
         });
@@ -111,14 +123,14 @@ impl Inner {
     /// room for them: Belady's rule over the feed's order, a shard needed sooner displacing
     /// one needed later (or not at all); a shard a decoder waits for displaces any shard no
     /// decoder is reading.
-    fn plan(&self) -> Vec<(usize, Job)> {
+    fn plan(&self, reached: u64) -> Vec<(usize, Job)> {
         let mut state = self.lock();
-        let reached = self.reached.load(Ordering::Relaxed);
+        state.adopting.clear();
         let upcoming = self.upcoming(&state, reached);
-        let mut rank: HashMap<usize, usize> = HashMap::with_capacity(upcoming.len());
-        for (r, &shard) in upcoming.iter().enumerate() {
-            rank.entry(shard).or_insert(r + 1);
-        }
+        // `upcoming` holds each shard once: its place is when it is needed.
+        let rank: HashMap<usize, usize> = (upcoming.iter().enumerate())
+            .map(|(r, &shard)| (shard, r + 1))
+            .collect();
         let urgent: Vec<usize> = state.urgent.iter().copied().collect();
         let rank_of = |shard: usize| {
             if urgent.contains(&shard) {
@@ -208,14 +220,13 @@ impl Inner {
         let mut upcoming = Vec::new();
         let mut seen: HashSet<usize> = HashSet::new();
         let mut bytes = 0u64;
-        let from = reached;
         let mut walked = 0usize;
         'walk: for (first, order) in &state.schedules {
             let end = first + order.len() as u64;
-            if end <= from {
+            if end <= reached {
                 continue;
             }
-            let start = from.saturating_sub(*first) as usize;
+            let start = reached.saturating_sub(*first) as usize;
             for &index in &order[start..] {
                 walked += 1;
                 if walked > WALK {
@@ -243,7 +254,10 @@ impl Inner {
         needed_at: usize,
         rank_of: &dyn Fn(usize) -> usize,
     ) -> bool {
+        // A shard another feed of the node is fetching or opening holds its lock: not that
+        // one (removing it between that feed's look and its open would cost it the shard).
         let victim = (state.slots.iter().enumerate())
+            .filter(|(i, _)| !state.adopting.contains(i))
             .filter_map(|(i, slot)| match slot {
                 Slot::Here { local, used } if Arc::strong_count(local) == 1 => {
                     Some((rank_of(i), std::cmp::Reverse(*used), i))
@@ -262,7 +276,16 @@ impl Inner {
             return false;
         }
         let info = &self.shards[shard];
-        let _ = std::fs::remove_file(&info.file);
+        match ladle_os::process::lock_file(&lock_path(&info.file)) {
+            Ok(Some(_held)) => {
+                let _ = std::fs::remove_file(&info.file);
+            }
+            _ => {
+                // Another feed holds it now: try another shard the next time round.
+                state.adopting.insert(shard);
+                return true;
+            }
+        }
         state.on_disk = state.on_disk.saturating_sub(state.counted[shard]);
         state.counted[shard] = 0;
         state.slots[shard] = Slot::Absent;
@@ -312,6 +335,7 @@ async fn fetch_shard(
     }
 }
 
+/// The lock a shard's fetch, adoption and removal hold (one process at a time on the node).
 fn lock_path(to: &Path) -> PathBuf {
     let mut name = to.file_name().unwrap_or_default().to_os_string();
     name.push(".lock");
