@@ -351,14 +351,16 @@ fn resolve(
     }
 }
 
-/// A small answer (a listing) fetched with the shards' retries, through a file in `dir`.
+/// A small answer (a listing, an index) fetched with the shards' retries, through a file in
+/// `dir` of this process's own (feeds of one dataset share `dir`, and a streamed one reads
+/// its index without the fetch lock).
 fn get_text(
     url: &str,
     name: &str,
     options: &FetchOptions,
     dir: &Path,
 ) -> Result<String, FetchError> {
-    let to = dir.join(".listing.xml");
+    let to = dir.join(format!(".answer-{}", std::process::id()));
     let job = http::Job {
         url: url.to_owned(),
         name: name.to_owned(),
