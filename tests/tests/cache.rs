@@ -302,14 +302,21 @@ fn a_keeper_killed_mid_epoch_costs_its_feed_the_cache_not_a_sample() {
     });
     assert_eq!(got, want);
     let cache = cache_of(&socket);
-    assert!(
-        cache.fills < n,
-        "the keeper was killed before every fill: {cache:?}"
-    );
-    assert!(
-        !cache.attached,
-        "the feed let the dead keeper go: {cache:?}"
-    );
+    if cache.attached {
+        // The feed tries again `RETRY` (10 s) after it let the dead keeper go, and starts a
+        // new one: on a loaded machine the three epochs can outlast that. Attached, then,
+        // to a keeper that is not the dead one.
+        assert_ne!(
+            keeper_pid(&fx),
+            pid,
+            "the feed still counts the dead keeper as attached: {cache:?}"
+        );
+    } else {
+        assert!(
+            cache.fills < n,
+            "the keeper was killed before every fill: {cache:?}"
+        );
+    }
 }
 
 #[test]
